@@ -1,0 +1,64 @@
+"""The ``hpcps`` command. ``hpcps demo`` runs under mpiexec; see ``hpcps --help``."""
+
+import argparse
+import json
+import logging
+import sys
+
+from ._version import __version__
+
+__all__ = ["main"]
+
+
+def _setup_logging(level: str) -> None:
+    from mpi4py import MPI
+    rank = MPI.COMM_WORLD.Get_rank()
+    logging.basicConfig(level=level.upper(),
+                        format=f"[rank {rank}] %(asctime)s %(name)s %(levelname)s: %(message)s")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="hpcps", description=(
+        "Parameter server for sparse embedding tables over one-sided MPI RMA. "
+        "Run under an MPI launcher, e.g. `mpiexec -n 4 python -m hpcps demo`."))
+    p.add_argument("--version", action="version", version=f"hpcps {__version__}")
+    p.add_argument("--log-level", default="warning", help="logging level (default: warning)")
+    sub = p.add_subparsers(dest="command", required=True)
+    d = sub.add_parser("demo", help="pull and push random rows against the PS ranks and verify every update",
+                       description=("Workers pull and push random embedding rows against the PS ranks "
+                                    "for --steps steps, then check that no update was lost. Rank 0 prints "
+                                    "one JSON line {\"demo\": {...}}; exit code 1 if the check fails."))
+    d.add_argument("--rows", type=int, default=1_000_000, help="table rows (default 1000000)")
+    d.add_argument("--dim", type=int, default=64, help="embedding dimension (default 64)")
+    d.add_argument("--batch", type=int, default=4096, help="ids per pull/push (default 4096)")
+    d.add_argument("--steps", type=int, default=200, help="pull+push rounds per worker (default 200)")
+    d.add_argument("--num-ps", type=int, default=None, help="PS ranks (default $HPCPS_NUM_PS or 1)")
+    d.add_argument("--transport", choices=("auto", "rma"), default=None,
+                   help="auto: shared memory on the same node, RMA across nodes; rma: RMA everywhere "
+                        "(default $HPCPS_TRANSPORT or auto)")
+    d.add_argument("--zipf", type=float, default=1.2,
+                   help="Zipf exponent of the ids (> 1), or 0 for uniform ids (default 1.2)")
+    d.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    _setup_logging(args.log_level)
+    if args.command == "demo":
+        from .demo import run_demo
+        for name in ("rows", "dim", "batch", "steps"):
+            if getattr(args, name) < 1:
+                _parser().error(f"--{name} must be >= 1")
+        summary = run_demo(args.rows, args.dim, args.batch, args.steps, args.num_ps,
+                           args.transport, args.seed, args.zipf)
+        from mpi4py import MPI
+        ok = MPI.COMM_WORLD.allreduce(summary is None or summary["verified"], op=MPI.LAND)
+        if summary is not None:
+            print(json.dumps({"demo": summary}), flush=True)
+        return 0 if ok else 1
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

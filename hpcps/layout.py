@@ -1,0 +1,51 @@
+"""Which world ranks become parameter servers. Pure: imports no MPI.
+
+PS ranks are spread round-robin over nodes so that a multi-node job does not
+stack every PS on node 0. On each node the highest local ranks are taken
+first, so world rank 0 stays a worker (worker 0 logs and prints results).
+"""
+
+from collections.abc import Sequence
+
+__all__ = ["check_num_ps", "spread_ps"]
+
+
+def check_num_ps(num_ps, world_size: int) -> int:
+    """Return ``num_ps`` as an int, or raise ``ValueError`` naming the problem. Local."""
+    if isinstance(num_ps, bool) or not isinstance(num_ps, int):
+        try:
+            if isinstance(num_ps, str) and num_ps.strip().lstrip("-").isdigit():
+                num_ps = int(num_ps)
+            else:
+                raise TypeError
+        except TypeError:
+            raise ValueError(f"num_ps must be an integer, got {num_ps!r}") from None
+    if num_ps < 1:
+        raise ValueError(f"num_ps must be >= 1, got {num_ps}")
+    if num_ps >= world_size:
+        hint = (" (a world of 1 rank: was the job started with mpiexec/srun, and does mpi4py "
+                "use the same MPI as the launcher?)" if world_size == 1 else "")
+        raise ValueError(
+            f"num_ps={num_ps} leaves no worker rank in a world of {world_size} "
+            f"rank{'s' if world_size != 1 else ''}: need num_ps < world size{hint}")
+    return num_ps
+
+
+def spread_ps(node_of_rank: Sequence[int], num_ps: int) -> list[int]:
+    """World ranks chosen as PS, ascending. Local, pure.
+
+    ``node_of_rank[r]`` is any hashable node key of world rank ``r``. Nodes are
+    visited round-robin in order of first appearance; on each node the
+    highest ranks are taken first.
+    """
+    num_ps = check_num_ps(num_ps, len(node_of_rank))
+    nodes: dict = {}
+    for rank, node in enumerate(node_of_rank):
+        nodes.setdefault(node, []).append(rank)
+    stacks = [sorted(ranks) for ranks in nodes.values()]  # pop() takes the highest
+    chosen: list[int] = []
+    while len(chosen) < num_ps:
+        for stack in stacks:
+            if stack and len(chosen) < num_ps:
+                chosen.append(stack.pop())
+    return sorted(chosen)

@@ -1,0 +1,9 @@
+"""Sparse embedding tables on the PS ranks."""
+
+from .initializers import default_scale, initial_rows
+from .optimizers import SGD, SparseOptimizer
+from .sharding import ModuloSharding
+from .table import EmbeddingTable, PullHandle, PushHandle
+
+__all__ = ["EmbeddingTable", "PullHandle", "PushHandle", "ModuloSharding",
+           "initial_rows", "default_scale", "SGD", "SparseOptimizer"]

@@ -1,0 +1,341 @@
+"""Sparse embedding tables sharded over the PS ranks.
+
+Pull path (worker):   validate ids -> for a PS on this node, numpy gather
+straight from its shared-memory shard; for a remote PS, deduplicate, then
+one ``MPI_Get_accumulate(NO_OP)`` per owner with an indexed datatype -> scatter
+back through the inverse.
+Push path (worker):   validate grads -> take the owner's shard lock -> on
+this node ``index_add_`` of ``-lr * grad`` into shared memory; remote: sum
+duplicates, one ``MPI_Accumulate(SUM)`` per owner -> release.
+"""
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+from mpi4py import MPI
+
+from ..errors import FreedError, RoleError
+from .initializers import default_scale, initial_rows
+from .lock import ShardLocks
+from .optimizers import SGD, SparseOptimizer
+from .sharding import ModuloSharding
+from .validate import as_grads, as_ids
+from .window import Window
+
+__all__ = ["EmbeddingTable", "PullHandle", "PushHandle"]
+
+logger = logging.getLogger(__name__)
+
+_INIT_CHUNK_ROWS = 1 << 14
+RMA_READS = ("get_accumulate", "get")
+
+_torch = None
+
+
+def _t():
+    global _torch
+    if _torch is None:
+        import torch
+        _torch = torch
+    return _torch
+
+
+@dataclass
+class TableStats:
+    """Per-rank counters of one table (local)."""
+
+    pulls: int = 0
+    pull_rows: int = 0
+    pull_seconds: float = 0.0
+    pushes: int = 0
+    push_rows: int = 0
+    push_seconds: float = 0.0
+    rows_per_ps: list = field(default_factory=list)
+
+
+class PullHandle:
+    """Result of :meth:`EmbeddingTable.pull_async`; ``wait()`` returns the rows."""
+
+    def __init__(self, table, out, pending=(), finish=None, started=0.0):
+        self._table, self._out, self._pending, self._finish = table, out, list(pending), finish
+        self._started = started
+        self._done = not self._pending
+
+    def test(self) -> bool:
+        """True when ``wait()`` would not block on communication. Local."""
+        return self._done
+
+    def wait(self) -> np.ndarray:
+        """Complete the pull; returns float32 ``(len(ids), dim)``. Local; idempotent."""
+        if not self._done:
+            win = self._table._data.win
+            for rank, dtype, into, buf in self._pending:
+                win.Flush(rank)
+                dtype.Free()
+                into(buf)
+            self._pending.clear()
+            self._done = True
+        if self._finish is not None:
+            self._out, self._finish = self._finish(self._out), None
+            st = self._table.stats
+            st.pull_seconds += time.perf_counter() - self._started
+        return self._out
+
+
+class PushHandle:
+    """Result of :meth:`EmbeddingTable.push_async`. Local."""
+
+    def test(self) -> bool:
+        return True
+
+    def wait(self) -> None:
+        """Pushes complete before ``push_async`` returns today; kept for the async API."""
+        return None
+
+
+class EmbeddingTable:
+    """A ``num_rows x dim`` float32 table sharded row-wise over the PS ranks.
+
+    Collective over the world communicator of ``ctx``: every rank, PS and
+    worker, creates the same tables in the same order, before the PS ranks
+    call ``ctx.serve()``. Initial rows depend only on ``(seed, name, row id)``.
+
+    transport: ``None`` (the context's), ``"auto"`` or ``"rma"``; see
+    :func:`hpcps.init`.
+    """
+
+    def __init__(self, ctx, name: str, num_rows: int, dim: int,
+                 optimizer: SparseOptimizer | None = None, seed: int = 0,
+                 init_scale: float | None = None, transport: str | None = None):
+        ctx._check_open()
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"table name must be a non-empty string, got {name!r}")
+        for what, v in (("num_rows", num_rows), ("dim", dim)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+                raise ValueError(f"table {name!r}: {what} must be an integer >= 1, got {v!r}")
+        if any(t.name == name for t in ctx._tables):
+            raise ValueError(f"table {name!r} already exists in this context")
+        optimizer = SGD() if optimizer is None else optimizer
+        if not isinstance(optimizer, SparseOptimizer):
+            raise ValueError(f"table {name!r}: optimizer must be an hpcps.optim optimizer, got {optimizer!r}")
+        optimizer.check()
+        if optimizer.stateful:
+            raise ValueError(f"table {name!r}: {type(optimizer).__name__} is not supported yet")
+        transport = transport or ctx.transport
+        if transport not in ("auto", "rma"):
+            raise ValueError(f"table {name!r}: transport must be 'auto' or 'rma', got {transport!r}")
+        rma_read = os.environ.get("HPCPS_RMA_READ", "get_accumulate")
+        if rma_read not in RMA_READS:
+            raise ValueError(f"HPCPS_RMA_READ must be one of {RMA_READS}, got {rma_read!r}")
+        scale = default_scale(dim) if init_scale is None else float(init_scale)
+
+        spec = (name, int(num_rows), int(dim), repr(optimizer), int(seed), scale, transport)
+        specs = ctx.world.allgather(spec)
+        if any(s != spec for s in specs):
+            raise ValueError(f"table {name!r} created differently on different ranks: {sorted(set(specs))}")
+
+        self.ctx, self.name, self.num_rows, self.dim = ctx, name, int(num_rows), int(dim)
+        self.optimizer, self.seed, self.init_scale, self.transport = optimizer, int(seed), scale, transport
+        self._rma_read = rma_read
+        self.sharding = ModuloSharding(self.num_rows, ctx.num_ps)
+        self.stats = TableStats(rows_per_ps=[0] * ctx.num_ps)
+        self._row_bytes = self.dim * 4
+        local_rows = self.sharding.shard_rows(ctx.ps_rank) if ctx.is_ps else 0
+        self._data = Window(ctx.world, local_rows * self._row_bytes, what=f"table {name!r}")
+        self._locks = ShardLocks(ctx.world, ctx.is_ps, what=f"table {name!r}")
+        self._rowtype = MPI.FLOAT.Create_contiguous(self.dim).Commit()
+        if ctx.is_ps:
+            self._fill_initial(local_rows)
+        ctx.world.Barrier()                     # rows exist before anyone pulls
+        self._views = self._map_shared_shards() if ctx.is_worker else [None] * ctx.num_ps
+        if ctx.is_worker:
+            _t()                                # import torch now, not inside the first push
+        ctx._register(self)
+
+    # ------------------------------------------------------------ set-up
+    def _fill_initial(self, local_rows: int) -> None:
+        shard = self.shard()
+        for start in range(0, local_rows, _INIT_CHUNK_ROWS):
+            stop = min(local_rows, start + _INIT_CHUNK_ROWS)
+            gids = self.sharding.global_ids(self.ctx.ps_rank, start, stop)
+            initial_rows(self.seed, self.name, gids, self.dim, self.init_scale, out=shard[start:stop])
+        self._data.sync()
+
+    def _map_shared_shards(self) -> list:
+        views = []
+        for p, rank in enumerate(self.ctx.ps_world_ranks):
+            view = None
+            if self.transport == "auto" and rank in self.ctx.node_ranks:
+                mem = self._data.shared(rank)
+                if mem is not None and mem.size == self.sharding.shard_rows(p) * self.dim:
+                    view = mem.reshape(-1, self.dim)
+            views.append(view)
+        return views
+
+    # ------------------------------------------------------------ helpers
+    def _check_worker(self, what: str) -> None:
+        if self._data.freed:
+            raise FreedError(f"table {self.name!r}: {what}() after free()")
+        if not self.ctx.is_worker:
+            raise RoleError(f"table {self.name!r}: {what}() is for worker ranks, not PS ranks")
+
+    @property
+    def shared_memory_ps(self) -> list[int]:
+        """PS indices this worker reads straight from shared memory. Local."""
+        return [p for p, v in enumerate(self._views) if v is not None]
+
+    def shard(self) -> np.ndarray:
+        """PS ranks: this rank's shard as a writable ``(shard_rows, dim)`` view. Local."""
+        if self._data.freed:
+            raise FreedError(f"table {self.name!r}: shard() after free()")
+        if not self.ctx.is_ps:
+            raise RoleError(f"table {self.name!r}: shard() is for PS ranks")
+        return self._data.local().reshape(-1, self.dim)
+
+    def _hindexed(self, local_rows: np.ndarray) -> MPI.Datatype:
+        return self._rowtype.Create_hindexed_block(1, (local_rows * self._row_bytes).tolist()).Commit()
+
+    # ------------------------------------------------------------ pull
+    def pull_async(self, ids) -> PullHandle:
+        """Start reading rows ``ids`` (duplicates allowed). Worker ranks; local (one-sided).
+
+        Returns a handle whose ``wait()`` gives float32 ``(len(ids), dim)``.
+        Raises ``ValueError`` on bad ids before any communication.
+        """
+        self._check_worker("pull")
+        ids = as_ids(self.name, ids, self.num_rows)
+        started = time.perf_counter()
+        st = self.stats
+        st.pulls += 1
+        st.pull_rows += ids.size
+        P, dim = self.ctx.num_ps, self.dim
+        out = np.empty((ids.size, dim), dtype=np.float32)
+        if ids.size == 0:
+            return PullHandle(self, out)
+        views = self._views
+        if all(v is not None for v in views):                       # whole table on this node
+            self._data.sync()
+            if P == 1:
+                np.take(views[0], ids, axis=0, out=out)
+                st.rows_per_ps[0] += ids.size
+            else:
+                owner, local = np.divmod(ids, P)[::-1]
+                for p in range(P):
+                    sel = np.flatnonzero(owner == p)
+                    if sel.size:
+                        out[sel] = np.take(views[p], local[sel], axis=0)
+                        st.rows_per_ps[p] += sel.size
+            st.pull_seconds += time.perf_counter() - started
+            return PullHandle(self, out)
+
+        uniq, inverse = np.unique(ids, return_inverse=True)
+        owner, local = self.sharding.owner(uniq), self.sharding.local_row(uniq)
+        rows = np.empty((uniq.size, dim), dtype=np.float32)
+        pending = []
+        win = self._data.win
+        for p in np.unique(owner).tolist():
+            sel = np.flatnonzero(owner == p)
+            st.rows_per_ps[p] += sel.size
+            if views[p] is not None:
+                rows[sel] = np.take(views[p], local[sel], axis=0)
+                continue
+            rank = self.ctx.ps_world_ranks[p]
+            buf = np.empty((sel.size, dim), dtype=np.float32)
+            dtype = self._hindexed(local[sel])
+            if self._rma_read == "get":
+                win.Get([buf, MPI.FLOAT], rank, (0, 1, dtype))
+            else:
+                win.Get_accumulate([buf, MPI.FLOAT], [buf, MPI.FLOAT], rank, (0, 1, dtype), op=MPI.NO_OP)
+            pending.append((rank, dtype, lambda b, sel=sel: rows.__setitem__(sel, b), buf))
+        return PullHandle(self, rows, pending, finish=lambda r: r[inverse], started=started)
+
+    def pull(self, ids) -> np.ndarray:
+        """``pull_async(ids).wait()``. Worker ranks; local (one-sided)."""
+        return self.pull_async(ids).wait()
+
+    # ------------------------------------------------------------ push
+    def push_async(self, ids, grads) -> PushHandle:
+        """Apply the optimizer to rows ``ids`` with gradients ``grads``. Worker ranks; local (one-sided).
+
+        ``grads`` is float32 ``(len(ids), dim)``; gradients of duplicate ids are
+        summed. Raises ``ValueError`` on bad input before any communication.
+        The update is complete (visible to every later pull) when the call returns.
+        """
+        self._check_worker("push")
+        ids = as_ids(self.name, ids, self.num_rows)
+        grads = as_grads(self.name, grads, ids.size, self.dim)
+        started = time.perf_counter()
+        st = self.stats
+        st.pushes += 1
+        st.push_rows += ids.size
+        if ids.size == 0:
+            return PushHandle()
+        torch = _t()
+        alpha = -float(self.optimizer.lr)
+        P = self.ctx.num_ps
+        if P == 1:
+            owner, local = None, ids
+            groups = [(0, slice(None))]
+        else:
+            owner, local = np.divmod(ids, P)[::-1]
+            groups = [(p, np.flatnonzero(owner == p)) for p in np.unique(owner).tolist()]
+        for p, sel in groups:
+            rank = self.ctx.ps_world_ranks[p]
+            rows_p, g_p = local[sel], grads[sel]
+            st.rows_per_ps[p] += rows_p.size
+            view = self._views[p]
+            if view is not None:
+                target = torch.from_numpy(view)
+                self._locks.acquire(rank)
+                try:
+                    self._data.sync()
+                    target.index_add_(0, torch.from_numpy(rows_p), torch.from_numpy(g_p), alpha=alpha)
+                    self._data.sync()
+                finally:
+                    self._locks.release(rank)
+                continue
+            uniq, inverse = np.unique(rows_p, return_inverse=True)
+            sums = torch.zeros((uniq.size, self.dim), dtype=torch.float32)
+            sums.index_add_(0, torch.from_numpy(inverse.reshape(-1)), torch.from_numpy(g_p), alpha=alpha)
+            buf = sums.numpy()
+            dtype = self._hindexed(uniq)
+            win = self._data.win
+            self._locks.acquire(rank)
+            try:
+                win.Accumulate([buf, MPI.FLOAT], rank, (0, 1, dtype), op=MPI.SUM)
+                win.Flush(rank)
+            finally:
+                self._locks.release(rank)
+                dtype.Free()
+        st.push_seconds += time.perf_counter() - started
+        return PushHandle()
+
+    def push(self, ids, grads) -> None:
+        """``push_async(ids, grads).wait()``. Worker ranks; local (one-sided)."""
+        self.push_async(ids, grads).wait()
+
+    # ------------------------------------------------------------ PS side
+    def _service(self) -> None:
+        """One round of PS-side work (none for SGD). PS ranks, from the serve loop."""
+
+    # ------------------------------------------------------------ teardown
+    def free(self) -> None:
+        """Free the table's windows. Collective over the world communicator; safe twice."""
+        if self._data.freed:
+            return
+        self._views = [None] * self.ctx.num_ps
+        self._rowtype.Free()
+        self._locks.free()
+        self._data.free()
+        self.ctx._forget(self)
+
+    @property
+    def freed(self) -> bool:
+        return self._data.freed
+
+    def __repr__(self) -> str:
+        return (f"<hpcps.EmbeddingTable {self.name!r} {self.num_rows}x{self.dim} over "
+                f"{self.ctx.num_ps} PS, {type(self.optimizer).__name__}>")

@@ -1,0 +1,172 @@
+"""Role split: which ranks are parameter servers, which are workers.
+
+``hpcps.init`` splits the world communicator into a PS group and a worker
+group and returns a :class:`Context`. PS ranks hold table shards and wait in
+:meth:`Context.serve`; workers run the model and call :meth:`Context.finalize`
+when done, which releases the PS ranks.
+"""
+
+import logging
+import os
+import sys
+import traceback
+
+from mpi4py import MPI
+
+from .errors import FreedError, RoleError
+from .layout import check_num_ps, spread_ps
+
+__all__ = ["init", "Context", "TRANSPORTS"]
+
+logger = logging.getLogger(__name__)
+
+TRANSPORTS = ("auto", "rma")
+
+
+def _abort_on_uncaught(world: MPI.Comm):
+    """Make an uncaught exception on one rank end the whole job (like ``python -m mpi4py``)."""
+    if world.Get_size() == 1 or sys.excepthook is not sys.__excepthook__:
+        return
+
+    def hook(etype, value, tb):
+        sys.stderr.write(f"hpcps: uncaught exception on world rank {world.Get_rank()}, aborting the job\n")
+        traceback.print_exception(etype, value, tb)
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(1)
+
+    sys.excepthook = hook
+
+
+def init(num_ps: int | None = None, comm: MPI.Comm | None = None, *,
+         transport: str | None = None, abort_on_error: bool = True) -> "Context":
+    """Split ranks into PS and worker groups. Collective over ``comm`` (default ``MPI.COMM_WORLD``).
+
+    num_ps: number of PS ranks; default ``$HPCPS_NUM_PS``, else 1. An explicit
+        argument wins over the environment.
+    transport: ``"auto"`` reads shards of PS ranks on the same node straight
+        from shared memory and uses RMA across nodes; ``"rma"`` forces the
+        cross-node path (RMA) everywhere. Default ``$HPCPS_TRANSPORT``, else auto.
+    abort_on_error: install a ``sys.excepthook`` that calls ``MPI_Abort`` so an
+        uncaught exception on one rank ends the job instead of hanging it.
+
+    Raises ``ValueError`` on every rank, before any window exists, when
+    ``num_ps < 1``, ``num_ps >= world size``, or ranks disagree on ``num_ps``.
+    """
+    world = MPI.COMM_WORLD if comm is None else comm
+    if num_ps is None:
+        num_ps = os.environ.get("HPCPS_NUM_PS", "1")
+    num_ps = check_num_ps(num_ps, world.Get_size())
+    transport = transport or os.environ.get("HPCPS_TRANSPORT", "auto")
+    if transport not in TRANSPORTS:
+        raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
+    seen = world.allgather((num_ps, transport))
+    if len(set(seen)) != 1:
+        raise ValueError(f"ranks disagree on (num_ps, transport): {sorted(set(seen))}")
+    if abort_on_error:
+        _abort_on_uncaught(world)
+    return Context(world, num_ps, transport)
+
+
+class Context:
+    """Communicators and roles of one hpcps job. Made by :func:`init`."""
+
+    def __init__(self, world: MPI.Comm, num_ps: int, transport: str):
+        self.world = world
+        self.transport = transport
+        self.node_comm = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
+        node_leader = self.node_comm.bcast(world.Get_rank(), root=0)
+        node_of_rank = world.allgather(node_leader)
+        self.ps_world_ranks = spread_ps(node_of_rank, num_ps)
+        self.worker_world_ranks = [r for r in range(world.Get_size()) if r not in set(self.ps_world_ranks)]
+        me = world.Get_rank()
+        self.is_ps = me in self.ps_world_ranks
+        self.is_worker = not self.is_ps
+        self.num_ps = num_ps
+        self.num_workers = world.Get_size() - num_ps
+        self.node_ranks = frozenset(r for r, n in enumerate(node_of_rank) if n == node_leader)
+        color = 0 if self.is_ps else 1
+        both = world.Split(color, key=me)
+        self.ps_comm = both if self.is_ps else MPI.COMM_NULL
+        self.worker_comm = both if self.is_worker else MPI.COMM_NULL
+        self.ps_rank = self.ps_world_ranks.index(me) if self.is_ps else -1
+        self.worker_rank = self.worker_world_ranks.index(me) if self.is_worker else -1
+        self._tables = []          # live tables, in creation order (frees are collective)
+        self._served = False
+        self._finalized = False
+        logger.debug("rank %d: %s, %d PS at %s", me, "PS" if self.is_ps else "worker",
+                     num_ps, self.ps_world_ranks)
+
+    # -- tables register here so finalize can free them in creation order ---
+    def _register(self, table) -> None:
+        self._check_open()
+        self._tables.append(table)
+
+    def _forget(self, table) -> None:
+        if table in self._tables:
+            self._tables.remove(table)
+
+    def _check_open(self):
+        if self._finalized:
+            raise FreedError("hpcps context was used after finalize()")
+
+    @property
+    def rank(self) -> int:
+        """World rank of this process."""
+        return self.world.Get_rank()
+
+    def _wait_all_workers_done(self) -> None:
+        # Non-blocking barrier over the world, polled through MPI so that RMA
+        # aimed at this rank keeps progressing; yield the CPU between polls.
+        req = self.world.Ibarrier()
+        while not req.Test():
+            for t in self._tables:
+                t._service()
+            os.sched_yield()
+
+    def serve(self) -> None:
+        """Serve table requests until every worker has called ``finalize()``.
+
+        PS ranks only. Create every table before calling it. Collective over the
+        world communicator (pairs with the workers' ``finalize``).
+        """
+        self._check_open()
+        if not self.is_ps:
+            raise RoleError("serve() is for PS ranks; workers call finalize() when done")
+        if self._served:
+            return
+        self._wait_all_workers_done()
+        self._served = True
+
+    def finalize(self) -> None:
+        """Release the PS ranks and free every table and communicator. Collective over the world.
+
+        Workers call it when they are done; on a PS rank it first serves until
+        all workers are done. A second call does nothing.
+        """
+        if self._finalized:
+            return
+        if self.is_ps:
+            self.serve()
+        else:
+            self._wait_all_workers_done()
+        for t in list(self._tables):
+            t.free()
+        comm = self.ps_comm if self.is_ps else self.worker_comm
+        comm.Free()
+        self.node_comm.Free()
+        self.ps_comm = self.worker_comm = MPI.COMM_NULL
+        self._finalized = True
+
+    def __enter__(self) -> "Context":
+        return self
+
+    def __exit__(self, etype, value, tb) -> bool:
+        if etype is None:
+            self.finalize()
+        # On an exception, skip the collective finalize: the other ranks may
+        # never reach it. The exception propagates; the excepthook aborts the job.
+        return False
+
+    def __repr__(self) -> str:
+        role = f"ps {self.ps_rank}" if self.is_ps else f"worker {self.worker_rank}"
+        return f"<hpcps.Context rank {self.rank}/{self.world.Get_size()}: {role}, num_ps={self.num_ps}>"
