@@ -50,9 +50,14 @@ def main(argv=None) -> int:
         for name in ("rows", "dim", "batch", "steps"):
             if getattr(args, name) < 1:
                 _parser().error(f"--{name} must be >= 1")
-        summary = run_demo(args.rows, args.dim, args.batch, args.steps, args.num_ps,
-                           args.transport, args.seed, args.zipf)
         from mpi4py import MPI
+        try:
+            summary = run_demo(args.rows, args.dim, args.batch, args.steps, args.num_ps,
+                               args.transport, args.seed, args.zipf)
+        except ValueError as e:          # raised alike on every rank, before any communication
+            if MPI.COMM_WORLD.Get_rank() == 0:
+                print(f"hpcps: error: {e}", file=sys.stderr, flush=True)
+            return 2
         ok = MPI.COMM_WORLD.allreduce(summary is None or summary["verified"], op=MPI.LAND)
         if summary is not None:
             print(json.dumps({"demo": summary}), flush=True)

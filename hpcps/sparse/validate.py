@@ -18,8 +18,8 @@ def _to_numpy(x):
 def as_ids(table: str, ids, num_rows: int) -> np.ndarray:
     """Checked ids as a 1-D int64 array. Local."""
     arr = _to_numpy(ids)
-    if arr.dtype == object and arr.size == 0:
-        arr = arr.astype(np.int64)
+    if arr.size == 0 and arr.dtype.kind in "fO":      # [] comes in as float64
+        arr = arr.astype(np.int64).reshape(arr.shape)
     if arr.dtype.kind not in "iu":
         raise ValueError(f"table {table!r}: ids must be integers, got dtype {arr.dtype}")
     if arr.ndim != 1:

@@ -1,0 +1,34 @@
+"""The hpcps sparse-table API in one page.
+
+    scripts/run mpiexec -n 3 .venv/bin/python -m mpi4py examples/sparse_basics.py
+
+Three ranks: one parameter server, two workers. Each worker pulls a batch of
+rows, pretends to compute gradients, pushes them back, and then reads the
+rows its colleague updated.
+"""
+
+import numpy as np
+
+import hpcps
+
+with hpcps.init(num_ps=1) as ctx:                       # collective over MPI.COMM_WORLD
+    items = hpcps.EmbeddingTable(ctx, "items", num_rows=100_000, dim=16,
+                                 optimizer=hpcps.optim.SGD(lr=0.1), seed=0)   # collective
+    if ctx.is_ps:
+        ctx.serve()                                     # until every worker has finalized
+    else:
+        ids = np.array([7, 42, 42, 99_998]) + ctx.worker_rank   # duplicates are fine
+        rows = items.pull(ids)                          # (4, 16) float32
+        grads = np.ones_like(rows)                      # your model's gradients here
+        items.push(ids, grads)                          # SGD: rows -= 0.1 * summed grads
+        ctx.worker_comm.Barrier()                       # both workers' pushes are done
+        handle = items.pull_async([7, 8])               # overlap with other work ...
+        after = handle.wait()
+        start = hpcps.initial_rows(0, "items", [7, 8], 16)
+        print(f"worker {ctx.worker_rank}: row 7 moved by {float(after[0, 0] - start[0, 0]):+.3f}, "
+              f"row 8 by {float(after[1, 0] - start[1, 0]):+.3f}", flush=True)
+        try:
+            items.pull([100_000])                       # out of range: raises before any communication
+        except ValueError as e:
+            print(f"worker {ctx.worker_rank}: rejected as expected: {e}", flush=True)
+# leaving the with-block finalizes: PS ranks return from serve(), tables are freed

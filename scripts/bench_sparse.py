@@ -1,0 +1,171 @@
+"""Sparse pull/push microbenchmark with its baselines measured in the same run.
+
+    scripts/run mpiexec -n 2 .venv/bin/python -m mpi4py scripts/bench_sparse.py
+    (1 PS + 1 worker; more ranks add workers, --num-ps adds PS ranks)
+
+Per worker it times, on the same pre-drawn batches of random ids:
+  local_gather    np.take from a private array of the same size   (the limit for pull)
+  local_index_add torch.index_add_ into a private tensor             (the reference for push)
+  two_sided       send ids to the PS, the PS gathers and sends rows back
+  hpcps_auto      hpcps pull/push, same-node shards through shared memory
+  hpcps_rma       hpcps pull/push forced onto RMA (the cross-node path),
+                  reads by MPI_Get_accumulate(NO_OP) (the default) and by MPI_Get
+and on the PS the resident memory a table adds against its bytes. Prints M rows/s,
+GB/s and the ratios against the targets; writes JSON (--out).
+"""
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from mpi4py import MPI
+
+import hpcps
+
+TAG_IDS, TAG_ROWS = 11, 12
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def timed(fn, batches, reps=1, label=""):
+    fn(batches[0])                                             # warm
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        for ids in batches:
+            fn(ids)
+    rate = len(batches) * reps * batches[0].size / (time.perf_counter() - t0)
+    if os.environ.get("BENCH_VERBOSE"):
+        print(f"[rank {MPI.COMM_WORLD.Get_rank()}] {fn}: {rate / 1e6:.2f} M rows/s", file=sys.stderr, flush=True)
+    return rate
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--dim", type=int, default=64)
+    ap.add_argument("--batch", type=int, default=4096)
+    ap.add_argument("--iters", type=int, default=200, help="batches per measurement")
+    ap.add_argument("--num-ps", type=int, default=1)
+    ap.add_argument("--out", default="results/bench_sparse.json")
+    args = ap.parse_args()
+    world = MPI.COMM_WORLD
+    N, D, B = args.rows, args.dim, args.batch
+    ctx = hpcps.init(num_ps=args.num_ps)
+    rng = np.random.default_rng(1234 + world.Get_rank())
+    batches = [rng.integers(0, N, B) for _ in range(args.iters)]
+    grads = np.full((B, D), 1e-3, np.float32)
+    res = {}
+
+    # --- local baselines (worker's private copy) --------------------------
+    if ctx.is_worker:
+        import torch
+        local = hpcps.initial_rows(0, "local", np.arange(N), D)
+        out = np.empty((B, D), np.float32)
+        res["local_gather"] = timed(lambda ids: np.take(local, ids, axis=0, out=out), batches)
+        lt, gt = torch.from_numpy(local), torch.from_numpy(grads)
+        res["local_index_add"] = timed(lambda ids: lt.index_add_(0, torch.from_numpy(ids), gt, alpha=-0.1), batches)
+        del local, lt
+
+    # --- two-sided baseline: ids out, rows back ----------------------------
+    ps0 = ctx.ps_world_ranks[0]
+    if ctx.is_ps and ctx.ps_rank == 0:
+        shard = hpcps.initial_rows(0, "two-sided", np.arange(N), D)
+        status, open_workers = MPI.Status(), ctx.num_workers
+        idbuf = np.empty(B, np.int64)
+        rows = np.empty((B, D), np.float32)
+        while open_workers:
+            world.Recv([idbuf, MPI.INT64_T], source=MPI.ANY_SOURCE, tag=TAG_IDS, status=status)
+            n = status.Get_count(MPI.INT64_T)
+            if n == 0:
+                open_workers -= 1
+                continue
+            np.take(shard, idbuf[:n], axis=0, out=rows[:n])
+            world.Send([rows[:n], MPI.FLOAT], dest=status.Get_source(), tag=TAG_ROWS)
+        del shard
+    elif ctx.is_worker:
+        rows = np.empty((B, D), np.float32)
+
+        def two_sided(ids):
+            world.Send([ids, MPI.INT64_T], dest=ps0, tag=TAG_IDS)
+            world.Recv([rows, MPI.FLOAT], source=ps0, tag=TAG_ROWS)
+        ctx.worker_comm.Barrier()
+        res["two_sided_pull"] = timed(two_sided, batches)
+        world.Send([np.empty(0, np.int64), MPI.INT64_T], dest=ps0, tag=TAG_IDS)
+
+    # --- hpcps --------------------------------------------------------------
+    rss0 = rss_bytes()
+    auto = hpcps.EmbeddingTable(ctx, "bench", N, D, optimizer=hpcps.optim.SGD(lr=0.1), transport="auto")
+    rss1 = rss_bytes()
+    rma = hpcps.EmbeddingTable(ctx, "bench-rma", N, D, optimizer=hpcps.optim.SGD(lr=0.1), transport="rma")
+    os.environ["HPCPS_RMA_READ"] = "get"
+    rma_get = hpcps.EmbeddingTable(ctx, "bench-rma-get", N, D, transport="rma")
+    if ctx.is_ps:
+        res["ps_table_bytes"] = auto._data.nbytes + 8
+        res["ps_rss_growth_bytes"] = rss1 - rss0
+        ctx.serve()
+    else:
+        for t in (auto, rma, rma_get):                         # map every page once
+            for s in range(0, N, 1 << 16):
+                t.pull(np.arange(s, min(N, s + (1 << 16))))
+        ctx.worker_comm.Barrier()
+        res["hpcps_auto_pull"] = timed(auto.pull, batches)
+        res["hpcps_auto_push"] = timed(lambda ids: auto.push(ids, grads), batches)
+        ctx.worker_comm.Barrier()
+        res["hpcps_rma_pull"] = timed(rma.pull, batches)
+        res["hpcps_rma_push"] = timed(lambda ids: rma.push(ids, grads), batches)
+        res["hpcps_rma_get_pull"] = timed(rma_get.pull, batches)
+        res["worker_window_bytes"] = auto._data.nbytes
+    ctx.finalize()                          # PS ranks leave serve() here
+    all_res = world.gather(res, root=0)
+    if world.Get_rank() != 0:
+        return
+    workers = [r for r in all_res if "hpcps_auto_pull" in r]
+    ps = [r for r in all_res if "ps_table_bytes" in r]
+    mean = {k: float(np.mean([w[k] for w in workers])) for k in workers[0]}
+    row_gb = D * 4 / 1e9
+    report = {
+        "config": {"rows": N, "dim": D, "batch": B, "iters": args.iters, "num_ps": ctx.num_ps,
+                   "num_workers": ctx.num_workers, "mpi": MPI.Get_library_version().splitlines()[0].strip(),
+                   "host": platform.node(), "cpus": os.cpu_count(), "hpcps": hpcps.__version__},
+        "per_worker_mrows_per_s": {k: v / 1e6 for k, v in mean.items() if k not in ("worker_window_bytes",)},
+        "per_worker_gb_per_s": {k: v * row_gb for k, v in mean.items() if k != "worker_window_bytes"},
+        "ratios": {
+            "pull_vs_local_gather": mean["hpcps_auto_pull"] / mean["local_gather"],
+            "pull_vs_two_sided": mean["hpcps_auto_pull"] / mean["two_sided_pull"],
+            "push_vs_local_index_add": mean["hpcps_auto_push"] / mean["local_index_add"],
+            "rma_pull_vs_two_sided": mean["hpcps_rma_pull"] / mean["two_sided_pull"],
+            "rma_get_accumulate_vs_get": mean["hpcps_rma_pull"] / mean["hpcps_rma_get_pull"],
+        },
+        "targets": {"pull_vs_local_gather": 0.8, "pull_vs_two_sided": 1.5, "push_vs_local_index_add": 0.5},
+        "memory": {"ps_table_bytes": ps[0]["ps_table_bytes"], "ps_rss_growth_bytes": ps[0]["ps_rss_growth_bytes"],
+                   "ps_overhead_fraction": ps[0]["ps_rss_growth_bytes"] / (N / ctx.num_ps * D * 4) - 1,
+                   "worker_window_bytes": int(mean["worker_window_bytes"])},
+    }
+    print(f"sparse bench: {N} x {D} table, batch {B}, {ctx.num_ps} PS, {ctx.num_workers} worker(s), per worker")
+    for k, v in report["per_worker_mrows_per_s"].items():
+        print(f"  {k:22s} {v:8.2f} M rows/s  {report['per_worker_gb_per_s'][k]:6.2f} GB/s")
+    for k, v in report["ratios"].items():
+        tgt = report["targets"].get(k)
+        verdict = "" if tgt is None else (f"  (target >= {tgt}: {'met' if v >= tgt else 'NOT met'})")
+        print(f"  {k:28s} {v:6.2f}x{verdict}")
+    m = report["memory"]
+    print(f"  PS memory: table {m['ps_table_bytes'] / 1e6:.1f} MB, RSS growth {m['ps_rss_growth_bytes'] / 1e6:.1f} MB "
+          f"({100 * m['ps_overhead_fraction']:+.2f}%), worker window {m['worker_window_bytes']} bytes")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=2))
+    print(f"  wrote {args.out}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

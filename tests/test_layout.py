@@ -1,0 +1,56 @@
+import sys
+
+import pytest
+
+from hpcps.layout import check_num_ps, spread_ps
+
+
+def test_layout_imports_no_mpi():
+    import hpcps.layout  # noqa: F401
+    import hpcps.sparse.sharding  # noqa: F401
+    # pure modules must be importable without initialising MPI
+    assert "hpcps.layout" in sys.modules
+
+
+@pytest.mark.parametrize("bad", [0, -1, 4, 5])
+def test_impossible_num_ps(bad):
+    with pytest.raises(ValueError, match="num_ps"):
+        check_num_ps(bad, 4)
+
+
+def test_world_of_one_names_the_launch_problem():
+    with pytest.raises(ValueError, match="world of 1 rank.*mpiexec"):
+        check_num_ps(1, 1)
+
+
+@pytest.mark.parametrize("bad", [1.5, "two", None, True])
+def test_num_ps_must_be_integer(bad):
+    with pytest.raises(ValueError, match="integer"):
+        check_num_ps(bad, 4)
+
+
+def test_num_ps_from_string():
+    assert check_num_ps("2", 4) == 2
+
+
+def test_single_node_takes_highest_ranks():
+    assert spread_ps([0, 0, 0, 0], 1) == [3]
+    assert spread_ps([0, 0, 0, 0], 2) == [2, 3]
+
+
+def test_spread_over_nodes_round_robin():
+    nodes = ["a"] * 4 + ["b"] * 4
+    assert spread_ps(nodes, 2) == [3, 7]             # one per node, not both on node a
+    assert spread_ps(nodes, 3) == [2, 3, 7]
+    assert spread_ps(nodes, 4) == [2, 3, 6, 7]
+
+
+def test_uneven_nodes_skip_exhausted():
+    nodes = ["a", "b", "b", "b", "b"]
+    ps = spread_ps(nodes, 3)
+    assert ps == [0, 3, 4]
+    assert 1 in set(range(5)) - set(ps)              # a worker remains
+
+
+def test_rank_zero_stays_worker_when_possible():
+    assert 0 not in spread_ps([0] * 6, 5)

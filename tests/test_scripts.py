@@ -1,0 +1,27 @@
+"""Every example and benchmark runs under mpiexec at small size."""
+
+import json
+
+from mpirun import ROOT, run_mpi
+
+
+def test_example_sparse_basics():
+    r = run_mpi(3, [ROOT / "examples" / "sparse_basics.py"])
+    assert r.stdout.count("row 7 moved by -0.100, row 8 by -0.100") == 2
+    assert r.stdout.count("rejected as expected: table 'items': id 100000 out of range") == 2
+
+
+def test_bench_sparse_smoke(tmp_path):
+    out = tmp_path / "bench.json"
+    r = run_mpi(3, [ROOT / "scripts" / "bench_sparse.py", "--rows", "20000", "--dim", "16", "--batch", "256",
+                    "--iters", "5", "--out", out], timeout=180)
+    report = json.loads(out.read_text())
+    rates = report["per_worker_mrows_per_s"]
+    for key in ("local_gather", "local_index_add", "two_sided_pull", "hpcps_auto_pull", "hpcps_auto_push",
+                "hpcps_rma_pull", "hpcps_rma_push", "hpcps_rma_get_pull"):
+        assert rates[key] > 0, key
+    assert set(report["ratios"]) >= {"pull_vs_local_gather", "pull_vs_two_sided", "push_vs_local_index_add"}
+    assert report["config"]["num_workers"] == 2
+    assert report["memory"]["worker_window_bytes"] == 0
+    assert report["memory"]["ps_table_bytes"] == 20000 * 16 * 4 + 8
+    assert "pull_vs_local_gather" in r.stdout

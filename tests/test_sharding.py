@@ -1,0 +1,31 @@
+import numpy as np
+import pytest
+
+from hpcps.sparse.sharding import ModuloSharding
+
+
+@pytest.mark.parametrize("num_rows,num_ps", [(1, 1), (10, 3), (1000, 2), (7, 7), (5, 8)])
+def test_partition_is_a_bijection(num_rows, num_ps):
+    s = ModuloSharding(num_rows, num_ps)
+    ids = np.arange(num_rows)
+    owner, local = s.owner(ids), s.local_row(ids)
+    assert owner.min() >= 0 and owner.max() < num_ps
+    for p in range(num_ps):
+        mine = ids[owner == p]
+        assert mine.size == s.shard_rows(p)
+        np.testing.assert_array_equal(np.sort(local[owner == p]), np.arange(mine.size))
+        np.testing.assert_array_equal(s.global_ids(p), mine)
+    assert sum(s.shard_rows(p) for p in range(num_ps)) == num_rows
+
+
+def test_global_ids_range():
+    s = ModuloSharding(10, 3)
+    np.testing.assert_array_equal(s.global_ids(1, 1, 3), [4, 7])
+    np.testing.assert_array_equal(s.global_ids(2, 2, 99), [8])
+
+
+def test_bad_sharding_args():
+    with pytest.raises(ValueError):
+        ModuloSharding(0, 1)
+    with pytest.raises(ValueError):
+        ModuloSharding(10, 2).shard_rows(2)

@@ -1,0 +1,71 @@
+"""Sparse tables under a real mpiexec (oversubscribed), each launch under a timeout."""
+
+import re
+import time
+
+import numpy as np
+import pytest
+
+from mpirun import run_mpi
+
+
+@pytest.mark.parametrize("n,num_ps,transport", [(2, 1, "auto"), (3, 1, "rma"), (4, 2, "auto"), (5, 2, "rma")])
+def test_pulls_equal_initial_rows(tmp_path, n, num_ps, transport):
+    r = run_mpi(n, ["tables_basic.py", num_ps, transport, tmp_path / "rows.npy"])
+    assert r.stdout.count("OK rank") == n
+
+
+def test_rows_identical_for_one_and_two_ps(tmp_path):
+    run_mpi(3, ["tables_basic.py", 1, "auto", tmp_path / "p1.npy"])
+    run_mpi(3, ["tables_basic.py", 2, "rma", tmp_path / "p2.npy"])
+    a, b = np.load(tmp_path / "p1.npy"), np.load(tmp_path / "p2.npy")
+    assert a.shape == (1003, 8)
+    np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("n,num_ps,transport", [(4, 1, "auto"), (4, 1, "rma"), (5, 2, "auto"), (5, 2, "rma")])
+def test_concurrent_pushes_lose_no_update(n, num_ps, transport):
+    r = run_mpi(n, ["concurrent_push.py", num_ps, transport, 150], timeout=180)
+    sums = re.findall(r"OK worker \d+ hot-row sum (\d+)", r.stdout)
+    assert len(sums) == n - num_ps and len(set(sums)) == 1
+    assert int(sums[0]) > 150 * (n - num_ps) * 2          # every worker hit row 0 twice per round
+
+
+@pytest.mark.parametrize("transport", ["auto", "rma"])
+def test_pull_and_push_complete_while_ps_is_busy(transport):
+    r = run_mpi(2, ["busy_ps.py", transport])
+    assert "OK PS was busy" in r.stdout and "OK pull+push+pull" in r.stdout
+
+
+def test_bad_input_raises_and_job_shuts_down_cleanly():
+    r = run_mpi(3, ["bad_input.py"])
+    assert r.stdout.count("OK worker") == 2
+
+
+@pytest.mark.parametrize("via_mpi4py", [True, False])
+def test_failing_rank_ends_the_job_promptly(via_mpi4py):
+    start = time.monotonic()
+    r = run_mpi(4, ["fail_rank.py"], timeout=60, mpi4py_run=via_mpi4py, check=False)
+    assert r.returncode != 0
+    assert "worker 1 fails on purpose" in r.stderr
+    assert time.monotonic() - start < 30
+
+
+@pytest.mark.parametrize("arg,n,msg", [
+    ("0", 3, "num_ps must be >= 1, got 0"),
+    ("3", 3, "num_ps=3 leaves no worker rank in a world of 3 ranks"),
+    ("-2", 2, "num_ps must be >= 1"),
+    ("mismatch", 3, "ranks disagree on (num_ps, transport)"),
+])
+def test_impossible_layout_fails_on_every_rank(arg, n, msg):
+    r = run_mpi(n, ["init_errors.py", arg], timeout=60)
+    ranks = re.findall(r"rank (\d+): ValueError: ", r.stdout)      # ranks' lines may interleave
+    assert sorted(map(int, ranks)) == list(range(n)), r.stdout
+    assert r.stdout.count(msg) == n, r.stdout
+
+
+def test_num_ps_from_environment():
+    r = run_mpi(3, ["init_errors.py", "env"], env={"HPCPS_NUM_PS": "3"}, timeout=60)
+    assert r.stdout.count("num_ps=3 leaves no worker") == 3
+    r = run_mpi(3, ["init_errors.py", "env"], env={"HPCPS_NUM_PS": "2"}, timeout=60)
+    assert r.stdout.count("no error") == 3

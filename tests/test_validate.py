@@ -1,0 +1,45 @@
+import numpy as np
+import pytest
+import torch
+
+from hpcps.sparse.validate import as_grads, as_ids
+
+
+def test_ids_accepts_ints_lists_and_tensors():
+    assert as_ids("t", [1, 2, 2], 3).dtype == np.int64
+    np.testing.assert_array_equal(as_ids("t", torch.tensor([0, 2]), 3), [0, 2])
+    np.testing.assert_array_equal(as_ids("t", np.array([1], dtype=np.uint32), 3), [1])
+    assert as_ids("t", [], 3).shape == (0,)
+
+
+@pytest.mark.parametrize("ids,msg", [
+    ([1.0, 2.0], "table 'items': ids must be integers, got dtype float64"),
+    (np.array([True]), "ids must be integers, got dtype bool"),
+    (["a"], "ids must be integers"),
+    ([-1, 2], "table 'items': id -1 out of range \\[0, 10\\)"),
+    ([3, 10], "id 10 out of range \\[0, 10\\)"),
+    ([[1, 2]], "ids must be 1-D, got shape \\(1, 2\\)"),
+])
+def test_bad_ids(ids, msg):
+    with pytest.raises(ValueError, match=msg):
+        as_ids("items", ids, 10)
+
+
+def test_grads_ok():
+    g = as_grads("t", np.ones((2, 4), np.float32), 2, 4)
+    assert g.flags.c_contiguous and g.shape == (2, 4)
+    assert as_grads("t", torch.ones(3, 4), 3, 4).dtype == np.float32
+
+
+@pytest.mark.parametrize("grads,msg", [
+    (np.ones((2, 4), np.float64), "grads must be float32, got dtype float64"),
+    (np.ones((3, 4), np.float32), "grads must have shape \\(2, 4\\) for 2 ids, got \\(3, 4\\)"),
+    (np.ones((2, 5), np.float32), "shape"),
+    (np.array([[1, 1, 1, 1], [1, np.nan, 1, 1]], np.float32), "NaN or Inf in 1 row\\(s\\), first at position 1"),
+    (np.array([[np.inf, 1, 1, 1], [1, 1, 1, 1]], np.float32), "NaN or Inf"),
+])
+def test_bad_grads(grads, msg):
+    with pytest.raises(ValueError, match="table 't': " if "shape" not in msg else msg):
+        as_grads("t", grads, 2, 4)
+    with pytest.raises(ValueError, match=msg):
+        as_grads("t", grads, 2, 4)
