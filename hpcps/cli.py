@@ -57,6 +57,7 @@ def main(argv=None) -> int:
         except ValueError as e:          # raised alike on every rank, before any communication
             if MPI.COMM_WORLD.Get_rank() == 0:
                 print(f"hpcps: error: {e}", file=sys.stderr, flush=True)
+            MPI.COMM_WORLD.Barrier()     # the message is out before any rank exits (or aborts)
             return 2
         ok = MPI.COMM_WORLD.allreduce(summary is None or summary["verified"], op=MPI.LAND)
         if summary is not None:
