@@ -2,7 +2,8 @@
 
 Every worker pushes ``+1`` (as ``grad = -1`` with SGD ``lr = 1``) to each row it
 touches; at the end the workers check that every row equals its initial value
-plus the number of pushes it received from all workers: no update lost.
+plus the number of pushes it received from all workers (to within float32
+rounding, far below the 1.0 a lost or doubled push would show).
 """
 
 import json
@@ -68,6 +69,8 @@ def run_demo(num_rows: int, dim: int, batch: int, steps: int, num_ps: int | None
             "rows_moved_per_s": round(rows / elapsed, 1),
             "pushes_applied": int(total.sum()),
             "max_abs_error": worst,
-            "verified": bool(worst <= 1e-3 * max(1.0, float(total.max()))),
+            # Each push adds exactly +1; float32 rounding of the running value stays far below
+            # 0.5 while counts are < 2**22, so one lost (or doubled) push shows as an error >= ~1.
+            "verified": bool(worst < 0.5 and total.max() < 2 ** 22),
         }
         return summary if ctx.rank == ctx.worker_world_ranks[0] else None
