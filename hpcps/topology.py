@@ -15,6 +15,7 @@ from mpi4py import MPI
 
 from .errors import FreedError, RoleError
 from .layout import check_num_ps, spread_ps
+from .sparse.control import StepControl, parse_mode
 
 __all__ = ["init", "Context", "TRANSPORTS"]
 
@@ -38,7 +39,8 @@ def _abort_on_uncaught(world: MPI.Comm):
 
 
 def init(num_ps: int | None = None, comm: MPI.Comm | None = None, *,
-         transport: str | None = None, abort_on_error: bool = True) -> "Context":
+         transport: str | None = None, mode: str | None = None,
+         abort_on_error: bool = True) -> "Context":
     """Split ranks into PS and worker groups. Collective over ``comm`` (default ``MPI.COMM_WORLD``).
 
     num_ps: number of PS ranks; default ``$HPCPS_NUM_PS``, else 1. An explicit
@@ -46,6 +48,9 @@ def init(num_ps: int | None = None, comm: MPI.Comm | None = None, *,
     transport: ``"auto"`` reads shards of PS ranks on the same node straight
         from shared memory and uses RMA across nodes; ``"rma"`` forces the
         cross-node path (RMA) everywhere. Default ``$HPCPS_TRANSPORT``, else auto.
+    mode: consistency of stateful sparse updates across steps: ``"sync"``,
+        ``"async"`` or ``"ssp:S"`` (see :class:`hpcps.sparse.control.StepControl`).
+        Default ``$HPCPS_MODE``, else async.
     abort_on_error: install a ``sys.excepthook`` that calls ``MPI_Abort`` so an
         uncaught exception on one rank ends the job instead of hanging it.
 
@@ -59,20 +64,23 @@ def init(num_ps: int | None = None, comm: MPI.Comm | None = None, *,
     transport = transport or os.environ.get("HPCPS_TRANSPORT", "auto")
     if transport not in TRANSPORTS:
         raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
-    seen = world.allgather((num_ps, transport))
+    mode = mode or os.environ.get("HPCPS_MODE", "async")
+    parse_mode(mode)
+    seen = world.allgather((num_ps, transport, mode))
     if len(set(seen)) != 1:
-        raise ValueError(f"ranks disagree on (num_ps, transport): {sorted(set(seen))}")
+        raise ValueError(f"ranks disagree on (num_ps, transport, mode): {sorted(set(seen))}")
     if abort_on_error:
         _abort_on_uncaught(world)
-    return Context(world, num_ps, transport)
+    return Context(world, num_ps, transport, mode)
 
 
 class Context:
     """Communicators and roles of one hpcps job. Made by :func:`init`."""
 
-    def __init__(self, world: MPI.Comm, num_ps: int, transport: str):
+    def __init__(self, world: MPI.Comm, num_ps: int, transport: str, mode: str = "async"):
         self.world = world
         self.transport = transport
+        self.mode = mode
         self.node_comm = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
         node_leader = self.node_comm.bcast(world.Get_rank(), root=0)
         node_of_rank = world.allgather(node_leader)
@@ -93,6 +101,7 @@ class Context:
         self._tables = []          # live tables, in creation order (frees are collective)
         self._served = False
         self._finalized = False
+        self.control = StepControl(self, mode)
         logger.debug("rank %d: %s, %d PS at %s", me, "PS" if self.is_ps else "worker",
                      num_ps, self.ps_world_ranks)
 
@@ -119,9 +128,40 @@ class Context:
         # aimed at this rank keeps progressing; yield the CPU between polls.
         req = self.world.Ibarrier()
         while not req.Test():
-            for t in self._tables:
-                t._service()
+            if self.is_ps:
+                self.control.service(self._tables)
             os.sched_yield()
+        if self.is_ps:                       # every push is in: apply whatever is still staged
+            self.control.service(self._tables, final=True)
+
+    # -- the step protocol (workers) -----------------------------------------
+    def step_begin(self, step: int) -> int:
+        """Worker, before the pulls of ``step``: wait as the mode requires. Returns the staleness seen.
+
+        sync: until every push of ``step - 1`` is applied; ssp:S: until the
+        slowest worker is at most S steps behind; async: no wait. Local (one-sided).
+        """
+        self._check_open()
+        if not self.is_worker:
+            raise RoleError("step_begin() is for worker ranks")
+        return self.control.begin(step)
+
+    def step_end(self, step: int) -> None:
+        """Worker, after every push of ``step`` returned. Local (one-sided)."""
+        self._check_open()
+        if not self.is_worker:
+            raise RoleError("step_end() is for worker ranks")
+        self.control.end(step)
+
+    def fence(self, step: int) -> None:
+        """Worker: wait until every push of steps ``< step`` by every worker is applied. Local.
+
+        Every worker must have called ``step_end(step - 1)`` or this waits forever.
+        """
+        self._check_open()
+        if not self.is_worker:
+            raise RoleError("fence() is for worker ranks")
+        self.control.fence(step)
 
     def serve(self) -> None:
         """Serve table requests until every worker has called ``finalize()``.
@@ -151,6 +191,7 @@ class Context:
             self._wait_all_workers_done()
         for t in list(self._tables):
             t.free()
+        self.control.free()
         comm = self.ps_comm if self.is_ps else self.worker_comm
         comm.Free()
         self.node_comm.Free()
@@ -169,4 +210,5 @@ class Context:
 
     def __repr__(self) -> str:
         role = f"ps {self.ps_rank}" if self.is_ps else f"worker {self.worker_rank}"
-        return f"<hpcps.Context rank {self.rank}/{self.world.Get_size()}: {role}, num_ps={self.num_ps}>"
+        return (f"<hpcps.Context rank {self.rank}/{self.world.Get_size()}: {role}, num_ps={self.num_ps}, "
+                f"mode={self.mode}>")

@@ -6,9 +6,10 @@ step) take the shard's lock, so no update is lost whichever path it came by.
 Readers do not take it: float32 loads and stores are single-copy atomic per
 element, the same element-wise guarantee MPI gives.
 
-The lock word is one int64 on each PS rank, in a window of its own; it is
+Each PS rank exposes two int64 words in a window of their own: the lock,
 taken with ``MPI_Compare_and_swap`` (0 -> world rank + 1) and released with an
-atomic ``MPI_Accumulate(REPLACE, 0)``. Waiting spins through MPI and yields
+atomic ``MPI_Accumulate(REPLACE, 0)``, and a count of pushes staged since the
+PS last applied them (stateful optimizers). Waiting spins through MPI and yields
 the CPU between tries (oversubscribed nodes).
 """
 
@@ -26,7 +27,7 @@ class ShardLocks:
     """One lock per PS rank. Collective over the world communicator."""
 
     def __init__(self, world: MPI.Comm, owns_shard: bool, what: str):
-        self._window = Window(world, 8 if owns_shard else 0, what=f"{what} locks")
+        self._window = Window(world, 16 if owns_shard else 0, what=f"{what} locks")
         if owns_shard:
             self._window.local(np.int64)[:] = 0
             self._window.sync()
@@ -51,6 +52,20 @@ class ShardLocks:
         win = self._window.win
         win.Accumulate([self._zero, MPI.INT64_T], rank, (0, 1, MPI.INT64_T), op=MPI.REPLACE)
         win.Flush(rank)
+
+    def add_pending(self, rank: int) -> None:
+        """Count one staged push at PS ``rank``; call while holding its lock. Local (one-sided)."""
+        win = self._window.win
+        one = np.ones(1, np.int64)
+        win.Accumulate([one, MPI.INT64_T], rank, (8, 1, MPI.INT64_T), op=MPI.SUM)
+        win.Flush(rank)
+
+    def pending(self, rank: int, reset: bool = False) -> int:
+        """Staged pushes counted at PS ``rank`` (atomically reset to 0 if ``reset``). Local (one-sided)."""
+        win = self._window.win
+        win.Fetch_and_op(self._zero, self._result, rank, 8, MPI.REPLACE if reset else MPI.NO_OP)
+        win.Flush(rank)
+        return int(self._result[0])
 
     def free(self) -> None:
         """Collective over the world communicator; safe twice."""

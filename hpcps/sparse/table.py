@@ -20,7 +20,7 @@ from mpi4py import MPI
 from ..errors import FreedError, RoleError
 from .initializers import default_scale, initial_rows
 from .lock import ShardLocks
-from .optimizers import SGD, SparseOptimizer
+from .optimizers import SGD, SparseOptimizer, new_state
 from .sharding import ModuloSharding
 from .validate import as_grads, as_ids
 from .window import Window
@@ -122,8 +122,6 @@ class EmbeddingTable:
         if not isinstance(optimizer, SparseOptimizer):
             raise ValueError(f"table {name!r}: optimizer must be an hpcps.optim optimizer, got {optimizer!r}")
         optimizer.check()
-        if optimizer.stateful:
-            raise ValueError(f"table {name!r}: {type(optimizer).__name__} is not supported yet")
         transport = transport or ctx.transport
         if transport not in ("auto", "rma"):
             raise ValueError(f"table {name!r}: transport must be 'auto' or 'rma', got {transport!r}")
@@ -147,10 +145,26 @@ class EmbeddingTable:
         self._data = Window(ctx.world, local_rows * self._row_bytes, what=f"table {name!r}")
         self._locks = ShardLocks(ctx.world, ctx.is_ps, what=f"table {name!r}")
         self._rowtype = MPI.FLOAT.Create_contiguous(self.dim).Commit()
+        self.stateful = optimizer.stateful
+        self._applies = 0                       # PS: optimizer steps applied to this shard
+        self._state = {}
+        if self.stateful:                       # gradients are staged next to the rows
+            self._stage = Window(ctx.world, local_rows * self._row_bytes, what=f"table {name!r} staging")
+            self._flags = Window(ctx.world, -(-local_rows // 8) * 8, what=f"table {name!r} touched rows")
         if ctx.is_ps:
             self._fill_initial(local_rows)
+            if self.stateful:
+                self._stage.local()[:] = 0
+                self._flags.local(np.uint8)[:] = 0
+                self._stage.sync()
+                self._flags.sync()
+                self._state = new_state(optimizer, local_rows, self.dim)
         ctx.world.Barrier()                     # rows exist before anyone pulls
-        self._views = self._map_shared_shards() if ctx.is_worker else [None] * ctx.num_ps
+        self._views = self._map_shared_shards(self._data) if ctx.is_worker else [None] * ctx.num_ps
+        if self.stateful and ctx.is_worker:
+            self._stage_views = self._map_shared_shards(self._stage)
+            self._flag_views = [None if v is None else self._flags.shared(r, np.uint8)
+                                for v, r in zip(self._stage_views, ctx.ps_world_ranks)]
         if ctx.is_worker:
             _t()                                # import torch now, not inside the first push
         ctx._register(self)
@@ -164,12 +178,12 @@ class EmbeddingTable:
             initial_rows(self.seed, self.name, gids, self.dim, self.init_scale, out=shard[start:stop])
         self._data.sync()
 
-    def _map_shared_shards(self) -> list:
+    def _map_shared_shards(self, window) -> list:
         views = []
         for p, rank in enumerate(self.ctx.ps_world_ranks):
             view = None
             if self.transport == "auto" and rank in self.ctx.node_ranks:
-                mem = self._data.shared(rank)
+                mem = window.shared(rank)
                 if mem is not None and mem.size == self.sharding.shard_rows(p) * self.dim:
                     view = mem.reshape(-1, self.dim)
             views.append(view)
@@ -262,7 +276,9 @@ class EmbeddingTable:
 
         ``grads`` is float32 ``(len(ids), dim)``; gradients of duplicate ids are
         summed. Raises ``ValueError`` on bad input before any communication.
-        The update is complete (visible to every later pull) when the call returns.
+        With plain SGD the update is complete (visible to every later pull) when
+        the call returns; stateful optimizers stage the gradient, and the owning
+        PS applies it as the context's mode says (``ctx.step_end``/``ctx.fence``).
         """
         self._check_worker("push")
         ids = as_ids(self.name, ids, self.num_rows)
@@ -274,7 +290,10 @@ class EmbeddingTable:
         if ids.size == 0:
             return PushHandle()
         torch = _t()
-        alpha = -float(self.optimizer.lr)
+        if self.stateful:                  # stage raw gradients; the owning PS applies them
+            alpha = 1.0
+        else:
+            alpha = -self.optimizer.lr_at(self.ctx.control.step)
         P = self.ctx.num_ps
         if P == 1:
             owner, local = None, ids
@@ -286,14 +305,18 @@ class EmbeddingTable:
             rank = self.ctx.ps_world_ranks[p]
             rows_p, g_p = local[sel], grads[sel]
             st.rows_per_ps[p] += rows_p.size
-            view = self._views[p]
+            window = self._stage if self.stateful else self._data
+            view = (self._stage_views if self.stateful else self._views)[p]
             if view is not None:
                 target = torch.from_numpy(view)
                 self._locks.acquire(rank)
                 try:
-                    self._data.sync()
+                    window.sync()
                     target.index_add_(0, torch.from_numpy(rows_p), torch.from_numpy(g_p), alpha=alpha)
-                    self._data.sync()
+                    if self.stateful:
+                        self._flag_views[p][rows_p] = 1
+                        self._locks.add_pending(rank)
+                    window.sync()
                 finally:
                     self._locks.release(rank)
                 continue
@@ -302,11 +325,20 @@ class EmbeddingTable:
             sums.index_add_(0, torch.from_numpy(inverse.reshape(-1)), torch.from_numpy(g_p), alpha=alpha)
             buf = sums.numpy()
             dtype = self._hindexed(uniq)
-            win = self._data.win
+            win = window.win
             self._locks.acquire(rank)
             try:
                 win.Accumulate([buf, MPI.FLOAT], rank, (0, 1, dtype), op=MPI.SUM)
                 win.Flush(rank)
+                if self.stateful:
+                    ones = np.ones(uniq.size, np.uint8)
+                    flag_type = MPI.BYTE.Create_indexed_block(1, uniq.tolist()).Commit()
+                    try:
+                        self._flags.win.Put([ones, MPI.BYTE], rank, (0, 1, flag_type))
+                        self._flags.win.Flush(rank)
+                    finally:
+                        flag_type.Free()
+                    self._locks.add_pending(rank)
             finally:
                 self._locks.release(rank)
                 dtype.Free()
@@ -318,17 +350,53 @@ class EmbeddingTable:
         self.push_async(ids, grads).wait()
 
     # ------------------------------------------------------------ PS side
-    def _service(self) -> None:
-        """One round of PS-side work (none for SGD). PS ranks, from the serve loop."""
+    def _apply_staged(self, step: int) -> int:
+        """PS: apply the staged gradients of this shard, if any; returns rows updated. Local.
+
+        Called from the serve loop (``StepControl.service``). Staged sums are
+        taken and zeroed under the shard lock, so a push lands either wholly in
+        this apply or wholly in the next one.
+        """
+        if not self.stateful or self._data.freed:
+            return 0
+        me = self.ctx.rank
+        if self._locks.pending(me) == 0:
+            return 0
+        torch = _t()
+        stage = self._stage.local().reshape(-1, self.dim)
+        flags = self._flags.local(np.uint8)[:stage.shape[0]]
+        self._locks.acquire(me)
+        try:
+            self._stage.sync()
+            self._flags.sync()
+            rows = np.flatnonzero(flags)
+            grads = stage[rows]
+            stage[rows] = 0
+            flags[rows] = 0
+            self._locks.pending(me, reset=True)
+            self._stage.sync()
+            self._flags.sync()
+        finally:
+            self._locks.release(me)
+        if rows.size:
+            self._applies += 1
+            state = {k: torch.from_numpy(v) for k, v in self._state.items()}
+            self.optimizer.apply(torch.from_numpy(self.shard()), state, torch.from_numpy(rows),
+                                 torch.from_numpy(grads), step, self._applies)
+            self._data.sync()
+        return int(rows.size)
 
     # ------------------------------------------------------------ teardown
     def free(self) -> None:
         """Free the table's windows. Collective over the world communicator; safe twice."""
         if self._data.freed:
             return
-        self._views = [None] * self.ctx.num_ps
+        self._views = self._stage_views = self._flag_views = [None] * self.ctx.num_ps
         self._rowtype.Free()
         self._locks.free()
+        if self.stateful:
+            self._flags.free()
+            self._stage.free()
         self._data.free()
         self.ctx._forget(self)
 

@@ -1,0 +1,144 @@
+"""Consistency modes: ``sync``, ``async`` and ``ssp:S`` over one small RMA window.
+
+Each PS rank exposes ``int64[2 + W]``: ``[0]`` counts step completions
+reported by workers, ``[1]`` is the number of steps this PS has applied, and
+on PS 0 ``[2 + w]`` is worker ``w``'s clock (steps finished).
+
+Workers call ``begin(t)`` before pulling for step ``t`` and ``end(t)`` after
+their pushes of step ``t`` completed:
+
+- ``sync``: ``end`` adds 1 to every PS's completion counter; a PS applies the
+  staged gradients of step ``t`` once all ``W`` workers completed it, then
+  publishes ``applied = t + 1``; ``begin(t + 1)`` waits for that on every PS.
+  So every push of step ``t`` is applied before any pull of step ``t + 1``.
+- ``async``: no waiting; PS ranks apply staged gradients as they arrive.
+- ``ssp:S``: as async, but ``begin(t)`` waits until the slowest worker's clock
+  is at least ``t - S``; the staleness seen (``t - min clock``) is recorded.
+
+``fence(t)`` (any mode) waits until every PS applied everything pushed by
+workers through step ``t - 1``: used before evaluation and checkpoints.
+"""
+
+import os
+
+import numpy as np
+from mpi4py import MPI
+
+from .window import Window
+
+__all__ = ["parse_mode", "StepControl"]
+
+
+def parse_mode(mode: str) -> tuple[str, int]:
+    """``"sync" | "async" | "ssp:S"`` -> (kind, S). Raises ``ValueError``. Local."""
+    if mode in ("sync", "async"):
+        return mode, 0
+    if isinstance(mode, str) and mode.startswith("ssp:"):
+        s = mode[4:]
+        if s.isdigit():
+            return "ssp", int(s)
+    raise ValueError(f"mode must be 'sync', 'async' or 'ssp:S' with an integer S >= 0, got {mode!r}")
+
+
+class StepControl:
+    """The step protocol of one context. Collective over the world (creates a window)."""
+
+    def __init__(self, ctx, mode: str):
+        self.kind, self.bound = parse_mode(mode)
+        self.mode = mode
+        self.ctx = ctx
+        W = ctx.num_workers
+        self._win = Window(ctx.world, (2 + W) * 8 if ctx.is_ps else 0, what="step control")
+        if ctx.is_ps:
+            self._win.local(np.int64)[:] = 0
+            self._win.sync()
+        self._one = np.ones(1, np.int64)
+        self._res = np.zeros(1, np.int64)
+        self._clocks = np.zeros(W, np.int64)
+        self._ignored = np.zeros(W, np.int64)      # origin of NO_OP reads (ignored by MPI)
+        self.step = 0                    # worker: current step; PS: steps applied
+        self.staleness: list[int] = []   # worker, ssp/async: t - slowest clock at begin(t)
+        self.wait_seconds = 0.0
+
+    # ------------------------------------------------------------ worker side
+    def _read(self, rank: int, disp: int, count: int = 1) -> np.ndarray:
+        win = self._win.win
+        out = self._res if count == 1 else self._clocks[:count]
+        win.Get_accumulate([self._ignored[:count], MPI.INT64_T], [out, MPI.INT64_T], rank,
+                           (disp * 8, count, MPI.INT64_T), op=MPI.NO_OP)
+        win.Flush(rank)
+        return out
+
+    def _wait_applied(self, step: int) -> None:
+        for rank in self.ctx.ps_world_ranks:
+            while self._read(rank, 1)[0] < step:
+                os.sched_yield()
+
+    def begin(self, step: int) -> int:
+        """Worker, before pulling for ``step``: wait as the mode asks; returns the staleness seen. Local."""
+        import time
+        t0 = time.perf_counter()
+        self.step = step
+        stale = 0
+        if self.kind == "sync":
+            if step > 0:
+                self._wait_applied(step)
+        elif self.kind == "ssp" or self.kind == "async":
+            ps0 = self.ctx.ps_world_ranks[0]
+            while True:
+                slowest = int(self._read(ps0, 2, self.ctx.num_workers).min())
+                stale = step - slowest
+                if self.kind == "async" or stale <= self.bound:
+                    break
+                os.sched_yield()
+            self.staleness.append(stale)
+        self.wait_seconds += time.perf_counter() - t0
+        return stale
+
+    def end(self, step: int) -> None:
+        """Worker, after every push of ``step`` completed. Local (one-sided)."""
+        win = self._win.win
+        for rank in self.ctx.ps_world_ranks:
+            win.Accumulate([self._one, MPI.INT64_T], rank, (0, 1, MPI.INT64_T), op=MPI.SUM)
+        clock = np.array([step + 1], np.int64)
+        ps0 = self.ctx.ps_world_ranks[0]
+        win.Accumulate([clock, MPI.INT64_T], ps0, ((2 + self.ctx.worker_rank) * 8, 1, MPI.INT64_T),
+                       op=MPI.REPLACE)
+        win.Flush_all()
+
+    def fence(self, step: int) -> None:
+        """Worker: wait until every PS applied all pushes of steps ``< step`` (all workers' ``end`` called). Local."""
+        self._wait_applied(step)
+
+    # ------------------------------------------------------------ PS side
+    def service(self, tables, final: bool = False) -> None:
+        """PS: apply what the mode allows now. ``final`` drains everything. Local."""
+        win = self._win.win
+        me = self.ctx.rank
+        win.Fetch_and_op(self._one, self._res, me, 0, MPI.NO_OP)
+        win.Flush(me)
+        done = int(self._res[0])
+        W = self.ctx.num_workers
+        complete = done // W                      # steps every worker has finished
+        if self.kind == "sync" and not final:
+            if complete > self.step:              # at most one step ahead: workers wait for us
+                for t in tables:
+                    t._apply_staged(self.step)
+                self._publish(self.step + 1)
+            return
+        for t in tables:                          # async / ssp / final: apply whatever is staged
+            t._apply_staged(max(complete, self.step) if final else complete)
+        if complete > self.step or final:
+            self._publish(max(complete, self.step))
+
+    def _publish(self, applied: int) -> None:
+        win = self._win.win
+        me = self.ctx.rank
+        self.step = applied
+        val = np.array([applied], np.int64)
+        win.Accumulate([val, MPI.INT64_T], me, (8, 1, MPI.INT64_T), op=MPI.REPLACE)
+        win.Flush(me)
+
+    def free(self) -> None:
+        """Collective over the world; safe twice."""
+        self._win.free()
