@@ -39,7 +39,21 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--zipf", type=float, default=1.2,
                    help="Zipf exponent of the ids (> 1), or 0 for uniform ids (default 1.2)")
     d.add_argument("--seed", type=int, default=0)
+    t = sub.add_parser("train", help="train a model (synthetic CTR, Criteo or ratings) on the PS ranks and workers",
+                       description=("Train the model a TOML config describes. Settings merge as file < "
+                                    "HPCPS_* environment < --set. Rank 0 prints one JSON line "
+                                    "{\"final\": {...}} with the eval metrics and throughput."),
+                       epilog=("keys: " + ", ".join(_config_keys())))
+    t.add_argument("--config", metavar="FILE.toml", help="config file (default: built-in defaults)")
+    t.add_argument("--set", metavar="KEY=VALUE", nargs="+", action="extend", default=[],
+                   help="override settings, dotted section.key, e.g. --set job.mode=async data.batch_size=512 "
+                        "(may repeat)")
     return p
+
+
+def _config_keys():
+    from .config import config_keys
+    return list(config_keys())
 
 
 def main(argv=None) -> int:
@@ -63,6 +77,27 @@ def main(argv=None) -> int:
         if summary is not None:
             print(json.dumps({"demo": summary}), flush=True)
         return 0 if ok else 1
+    if args.command == "train":
+        from mpi4py import MPI
+        from .config import load_config
+        try:
+            cfg = load_config(args.config, args.set)
+        except ValueError as e:          # same on every rank: nothing has communicated yet
+            if MPI.COMM_WORLD.Get_rank() == 0:
+                print(f"hpcps: error: {e}", file=sys.stderr, flush=True)
+            MPI.COMM_WORLD.Barrier()
+            return 2
+        from .train import train
+        try:
+            final = train(cfg)
+        except ValueError as e:
+            if MPI.COMM_WORLD.Get_rank() == 0:
+                print(f"hpcps: error: {e}", file=sys.stderr, flush=True)
+            MPI.COMM_WORLD.Barrier()
+            return 2
+        if final is not None:
+            print(json.dumps({"final": final}), flush=True)
+        return 0
     return 2
 
 

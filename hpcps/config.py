@@ -1,0 +1,285 @@
+"""Typed training configuration: file < ``HPCPS_*`` environment < ``--set``.
+
+Keys are dotted ``section.key`` (``optimizer.sparse.lr``); the environment
+name of a key is ``HPCPS_`` + the key upper-cased with dots as underscores
+(``HPCPS_OPTIMIZER_SPARSE_LR``), and ``HPCPS_NUM_PS``, ``HPCPS_MODE``,
+``HPCPS_TRANSPORT`` set ``job.num_ps``, ``job.mode``, ``job.transport``.
+Unknown keys and bad values raise ``ValueError`` naming the key and where it
+came from.
+"""
+
+import dataclasses
+import difflib
+import os
+import sys
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:                                    # pragma: no cover
+    import tomli as tomllib
+
+from .sparse.control import parse_mode
+from .sparse.optimizers import LRSchedule, make_optimizer
+
+__all__ = ["Config", "load_config", "config_keys", "build_sparse_optimizer", "FORMATS", "MODELS"]
+
+FORMATS = ("synthetic-ctr", "criteo", "ratings")
+MODELS = ("dlrm", "mf")
+ENV_ALIASES = {"HPCPS_NUM_PS": "job.num_ps", "HPCPS_MODE": "job.mode", "HPCPS_TRANSPORT": "job.transport"}
+
+
+@dataclass
+class JobConfig:
+    num_ps: int = 1             # PS ranks
+    mode: str = "sync"          # sync | async | ssp:S
+    steps: int = 3000           # training steps (used when epochs = 0)
+    epochs: int = 0             # passes over file data; > 0 overrides steps
+    seed: int = 0
+    transport: str = "auto"     # auto | rma
+    log_every: int = 20         # steps between metrics records
+    eval_every: int = 0         # steps between evaluations (0: only at the end)
+    export: str = ""            # .npz of the final weights written by worker 0 ("" = none)
+
+
+@dataclass
+class DataConfig:
+    format: str = "synthetic-ctr"
+    path: str = ""
+    eval_path: str = ""
+    batch_size: int = 1024      # global batch, split over the workers
+    eval_fraction: float = 0.1  # held out from `path` when there is no eval_path
+    skip_bad_lines: bool = False
+    num_tables: int = 8         # synthetic-ctr
+    rows_per_table: int = 10_000
+    num_dense: int = 13
+    zipf: float = 1.2
+    eval_samples: int = 50_000
+    signal: float = 1.0
+    hash_rows: int = 100_000    # criteo: rows per categorical table
+
+
+@dataclass
+class ModelConfig:
+    kind: str = "dlrm"          # dlrm | mf
+    dim: int = 16
+    bottom_mlp: list = field(default_factory=lambda: [64])
+    top_mlp: list = field(default_factory=lambda: [64, 32])
+    dense_backend: str = "auto"  # auto | mpi | nccl
+    bucket_mb: float = 4.0
+
+
+@dataclass
+class OptimizerSection:
+    name: str = "sgd"
+    lr: float = 0.01
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    eps: float = 0.0            # 0: the optimizer's default
+    beta1: float = 0.9
+    beta2: float = 0.999
+    schedule: str = "constant"  # constant | step | cosine
+    warmup_steps: int = 0
+    step_size: int = 1000
+    gamma: float = 0.1
+    min_factor: float = 0.0
+    clip_norm: float = 0.0
+
+
+@dataclass
+class OptimizerConfig:
+    sparse: OptimizerSection = field(default_factory=lambda: OptimizerSection(name="adagrad", lr=0.15))
+    dense: OptimizerSection = field(default_factory=lambda: OptimizerSection(name="adam", lr=0.001))
+
+
+@dataclass
+class MetricsConfig:
+    path: str = ""              # JSONL file ("" = none)
+    progress: bool = True       # tqdm bar on worker 0
+
+
+@dataclass
+class Config:
+    job: JobConfig = field(default_factory=JobConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _leaves(obj, prefix=""):
+    for f in fields(obj):
+        v = getattr(obj, f.name)
+        key = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(v):
+            yield from _leaves(v, key + ".")
+        else:
+            yield key, f
+
+
+def config_keys() -> dict:
+    """Dotted key -> dataclass field of every setting. Local."""
+    return dict(_leaves(Config()))
+
+
+def _coerce(key, value, default, source):
+    kind = type(default)
+    where = f"config: {key} = {value!r} ({source})"
+    if isinstance(value, str) and kind is not str:
+        text = value.strip()
+        try:
+            if kind is bool:
+                low = text.lower()
+                if low not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
+                    raise ValueError
+                return low in ("true", "1", "yes", "on")
+            if kind is int:
+                return int(text)
+            if kind is float:
+                return float(text)
+            if kind is list:
+                text = text.strip("[]")
+                return [int(x) for x in text.replace(",", " ").split()] if text else []
+        except ValueError:
+            raise ValueError(f"{where}: expected {kind.__name__}") from None
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if kind is list and isinstance(value, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in value):
+        return list(value)
+    if type(value) is not kind:
+        raise ValueError(f"{where}: expected {kind.__name__}, got {type(value).__name__}")
+    return value
+
+
+def _flatten(d, prefix=""):
+    for k, v in d.items():
+        if isinstance(v, dict):
+            yield from _flatten(v, f"{prefix}{k}.")
+        else:
+            yield f"{prefix}{k}", v
+
+
+def _set(cfg, key, value, source, keys):
+    if key not in keys:
+        near = difflib.get_close_matches(key, keys, n=1)
+        hint = f"; did you mean {near[0]!r}?" if near else ""
+        raise ValueError(f"config: unknown key {key!r} ({source}){hint}")
+    *path, last = key.split(".")
+    obj = cfg
+    for p in path:
+        obj = getattr(obj, p)
+    setattr(obj, last, _coerce(key, value, getattr(obj, last), source))
+
+
+def load_config(path=None, overrides=(), environ=None) -> Config:
+    """Merge defaults < TOML file < environment < ``overrides`` ("key=value"), then validate. Local."""
+    cfg = Config()
+    keys = config_keys()
+    if path:
+        try:
+            with open(path, "rb") as f:
+                data = tomllib.load(f)
+        except OSError as e:
+            raise ValueError(f"config: cannot read {path}: {e.strerror}") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ValueError(f"config: {path} is not valid TOML: {e}") from None
+        for key, value in _flatten(data):
+            _set(cfg, key, value, f"file {path}", keys)
+    env = os.environ if environ is None else environ
+    for key in keys:
+        name = "HPCPS_" + key.upper().replace(".", "_")
+        if name in env:
+            _set(cfg, key, env[name], f"environment {name}", keys)
+    for name, key in ENV_ALIASES.items():
+        if name in env:
+            _set(cfg, key, env[name], f"environment {name}", keys)
+    for item in overrides:
+        if "=" not in item:
+            raise ValueError(f"config: --set takes key=value, got {item!r}")
+        key, value = item.split("=", 1)
+        _set(cfg, key.strip(), value, "--set", keys)
+    validate(cfg)
+    return cfg
+
+
+def _check(ok, key, value, need):
+    if not ok:
+        raise ValueError(f"config: {key} = {value!r}: {need}")
+
+
+def build_sparse_optimizer(sec: OptimizerSection, total_steps: int):
+    """The ``hpcps.optim`` optimizer a config section describes. Local."""
+    schedule = LRSchedule(kind=sec.schedule, warmup_steps=sec.warmup_steps, step_size=sec.step_size,
+                          gamma=sec.gamma, total_steps=max(total_steps, 1), min_factor=sec.min_factor)
+    kw = {"lr": sec.lr, "schedule": schedule, "clip_norm": sec.clip_norm}
+    name = sec.name.lower()
+    if name in ("sgd", "momentum"):
+        kw.update(momentum=sec.momentum, weight_decay=sec.weight_decay)
+    elif name in ("adagrad", "rowwise_adagrad"):
+        if sec.eps:
+            kw["eps"] = sec.eps
+    elif name == "adam":
+        kw["betas"] = (sec.beta1, sec.beta2)
+        if sec.eps:
+            kw["eps"] = sec.eps
+    return make_optimizer(name, **kw)
+
+
+def validate(cfg: Config) -> None:
+    """Raise ``ValueError`` naming the first bad setting. Local."""
+    j, d, m = cfg.job, cfg.data, cfg.model
+    _check(j.num_ps >= 1, "job.num_ps", j.num_ps, "must be >= 1")
+    try:
+        parse_mode(j.mode)
+    except ValueError as e:
+        raise ValueError(f"config: job.mode = {j.mode!r}: {e}") from None
+    _check(j.transport in ("auto", "rma"), "job.transport", j.transport, "must be auto or rma")
+    _check(j.steps >= 0 and j.epochs >= 0, "job.steps", j.steps, "steps and epochs must be >= 0")
+    _check(j.log_every >= 1, "job.log_every", j.log_every, "must be >= 1")
+    _check(j.eval_every >= 0, "job.eval_every", j.eval_every, "must be >= 0")
+    _check(d.format in FORMATS, "data.format", d.format, f"must be one of {', '.join(FORMATS)}")
+    _check(d.batch_size >= 1, "data.batch_size", d.batch_size, "must be >= 1")
+    _check(0 <= d.eval_fraction < 1, "data.eval_fraction", d.eval_fraction, "must be in [0, 1)")
+    if d.format == "synthetic-ctr":
+        _check(d.num_tables >= 1, "data.num_tables", d.num_tables, "must be >= 1")
+        _check(d.rows_per_table >= 1, "data.rows_per_table", d.rows_per_table, "must be >= 1")
+        _check(d.zipf > 1, "data.zipf", d.zipf, "must be > 1")
+        _check(d.eval_samples >= 1, "data.eval_samples", d.eval_samples, "must be >= 1")
+        _check(j.steps > 0 and j.epochs == 0, "job.steps", j.steps,
+               "synthetic data is endless: set job.steps > 0 and leave job.epochs = 0")
+    else:
+        _check(bool(d.path), "data.path", d.path, f"format {d.format} needs a file")
+        _check(Path(d.path).is_file(), "data.path", d.path, "no such file")
+        if d.eval_path:
+            _check(Path(d.eval_path).is_file(), "data.eval_path", d.eval_path, "no such file")
+        _check(j.steps > 0 or j.epochs > 0, "job.epochs", j.epochs, "set job.steps or job.epochs > 0")
+    _check(d.hash_rows >= 1, "data.hash_rows", d.hash_rows, "must be >= 1")
+    _check(m.kind in MODELS, "model.kind", m.kind, f"must be one of {', '.join(MODELS)}")
+    if m.kind == "mf":
+        _check(d.format == "ratings", "model.kind", m.kind, "mf needs data.format = ratings")
+    else:
+        _check(d.format != "ratings", "model.kind", m.kind, "ratings data needs model.kind = mf")
+    _check(m.dim >= 1, "model.dim", m.dim, "must be >= 1")
+    _check(all(x >= 1 for x in m.bottom_mlp + m.top_mlp), "model.top_mlp", m.top_mlp, "sizes must be >= 1")
+    _check(m.dense_backend in ("auto", "mpi", "nccl"), "model.dense_backend", m.dense_backend,
+           "must be auto, mpi or nccl")
+    _check(m.bucket_mb > 0, "model.bucket_mb", m.bucket_mb, "must be > 0")
+    for sec_name in ("sparse", "dense"):
+        sec = getattr(cfg.optimizer, sec_name)
+        key = f"optimizer.{sec_name}"
+        try:
+            if sec_name == "sparse":
+                build_sparse_optimizer(sec, max(j.steps, 1))
+            else:
+                _check(sec.name in ("sgd", "momentum", "adagrad", "adam"), f"{key}.name", sec.name,
+                       "must be sgd, momentum, adagrad or adam")
+                _check(sec.lr >= 0, f"{key}.lr", sec.lr, "must be >= 0")
+                LRSchedule(kind=sec.schedule, warmup_steps=sec.warmup_steps, step_size=sec.step_size,
+                           gamma=sec.gamma, total_steps=max(j.steps, 1), min_factor=sec.min_factor).check()
+        except ValueError as e:
+            msg = str(e)
+            raise ValueError(msg if msg.startswith("config:") else f"config: {key}: {msg}") from None

@@ -1,0 +1,53 @@
+"""A DLRM-style CTR model: bottom MLP, one embedding table per categorical
+feature, pairwise dot interaction, top MLP, one logit."""
+
+import torch
+from torch import nn
+
+from ..nn import ShardedEmbeddingBag
+
+__all__ = ["DLRM", "mlp"]
+
+
+def mlp(sizes, last_activation: bool) -> nn.Sequential:
+    layers = []
+    for i in range(len(sizes) - 1):
+        layers.append(nn.Linear(sizes[i], sizes[i + 1]))
+        if i < len(sizes) - 2 or last_activation:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+class DLRM(nn.Module):
+    """``forward(dense (B, num_dense), sparse [(B,) ids per table]) -> logits (B,)``.
+
+    ``embeddings`` are modules mapping ``(B, 1)`` ids to ``(B, dim)``: hpcps
+    ``ShardedEmbeddingBag`` in training, ``torch.nn.EmbeddingBag`` in the
+    single-process reference.
+    """
+
+    def __init__(self, embeddings, num_dense: int, dim: int, bottom_mlp=(64,), top_mlp=(64, 32)):
+        super().__init__()
+        self.embeddings = nn.ModuleList(embeddings)
+        self.bottom = mlp([num_dense, *bottom_mlp, dim], last_activation=True) if num_dense else None
+        n = len(self.embeddings) + (1 if num_dense else 0)
+        self._pairs = torch.tril_indices(n, n, offset=-1)
+        top_in = (dim if num_dense else 0) + n * (n - 1) // 2
+        self.top = mlp([top_in, *top_mlp, 1], last_activation=False)
+
+    def forward(self, dense, sparse):
+        feats = [emb(ids.view(-1, 1)) for emb, ids in zip(self.embeddings, sparse)]
+        if self.bottom is not None:
+            x = self.bottom(dense)
+            feats = [x] + feats
+        T = torch.stack(feats, dim=1)                        # (B, n, dim)
+        Z = torch.bmm(T, T.transpose(1, 2))                  # (B, n, n)
+        inter = Z[:, self._pairs[0], self._pairs[1]]         # strictly lower triangle
+        top_in = torch.cat([x, inter], dim=1) if self.bottom is not None else inter
+        return self.top(top_in).squeeze(1)
+
+
+def build_dlrm(tables, num_dense, dim, bottom_mlp, top_mlp, grad_scale):
+    """DLRM over hpcps tables (worker ranks). Local."""
+    embs = [ShardedEmbeddingBag(t, mode="sum", grad_scale=grad_scale) for t in tables]
+    return DLRM(embs, num_dense, dim, bottom_mlp, top_mlp)

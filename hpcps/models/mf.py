@@ -1,0 +1,23 @@
+"""Matrix factorisation with user and item biases, for ratings."""
+
+import torch
+from torch import nn
+
+__all__ = ["MatrixFactorization"]
+
+
+class MatrixFactorization(nn.Module):
+    """``forward(dense, [users, items]) -> user·item + b_user + b_item + mu``.
+
+    ``embeddings`` = [user vectors, item vectors, user biases (dim 1), item biases (dim 1)].
+    """
+
+    def __init__(self, embeddings, global_bias: float = 0.0):
+        super().__init__()
+        self.user, self.item, self.user_bias, self.item_bias = embeddings
+        self.mu = nn.Parameter(torch.tensor(float(global_bias)))
+
+    def forward(self, dense, sparse):
+        users, items = (ids.view(-1, 1) for ids in sparse)
+        dot = (self.user(users) * self.item(items)).sum(dim=1)
+        return dot + self.user_bias(users).squeeze(1) + self.item_bias(items).squeeze(1) + self.mu
