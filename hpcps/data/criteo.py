@@ -1,6 +1,8 @@
 """Criteo display-ads format: ``label \\t I1..I13 \\t C1..C26`` per line.
 
-Integer features may be empty (0) and are log-transformed (``log1p(max(x, 0))``);
+Lines with fewer than 40 fields (trailing empty fields stripped, as in some
+copies of the data set) are padded with empty fields. Integer features may
+be empty (0) and are log-transformed (``log1p(max(x, 0))``);
 categorical features are hex strings (or empty) hashed into each table's
 rows: ``splitmix64(value ^ column key) % rows``.
 """
@@ -19,8 +21,9 @@ _EMPTY = 0xFFFF_FFFF_FFFF  # the hash input of an empty categorical field
 def parse_criteo(line: str):
     """One line -> (label, ints[13], cat values[26] as ints). Raises ValueError. Local."""
     f = line.split("\t")
-    if len(f) != 1 + NUM_INT + NUM_CAT:
+    if not 2 <= len(f) <= 1 + NUM_INT + NUM_CAT:
         raise ValueError(f"expected {1 + NUM_INT + NUM_CAT} tab-separated fields, got {len(f)}")
+    f += [""] * (1 + NUM_INT + NUM_CAT - len(f))
     if f[0] not in ("0", "1"):
         raise ValueError(f"label must be 0 or 1, got {f[0]!r}")
     ints = []

@@ -1,0 +1,98 @@
+"""DenseSync and ShardedEmbeddingBag under mpiexec (pytest-mpi), written once for any size."""
+
+import numpy as np
+import pytest
+import torch
+from mpi4py import MPI
+
+import hpcps
+from hpcps.dense import DenseSync
+from hpcps.nn import ShardedEmbeddingBag
+
+
+def _net(seed):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(7, 33), torch.nn.ReLU(), torch.nn.Linear(33, 5),
+                               torch.nn.ReLU(), torch.nn.Linear(5, 1))
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("bucket_mb", [1e-4, 4.0])          # many small buckets, or one
+def test_dense_sync_equals_average(bucket_mb):
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    net = _net(seed=100 + rank)                              # different on purpose
+    ds = DenseSync(net, comm, backend="mpi", bucket_mb=bucket_mb)
+    w0 = comm.allgather([p.detach().clone() for p in net.parameters()])
+    for mine, first in zip(w0[rank], w0[0]):
+        assert torch.equal(mine, first)                      # broadcast from worker 0
+    x = torch.randn(16, 7, generator=torch.Generator().manual_seed(rank))
+    for _ in range(2):                                       # twice: buckets reset between steps
+        net.zero_grad()
+        net(x).pow(2).mean().backward()
+        local = [p.grad.clone() for p in net.parameters()]
+        ds.synchronize()
+        every = comm.allgather(local)
+        for i, p in enumerate(net.parameters()):
+            expected = sum(g[i] for g in every) / comm.Get_size()
+            torch.testing.assert_close(p.grad, expected, rtol=1e-6, atol=1e-7)
+    if bucket_mb < 1:
+        assert len(ds._buckets) >= 3 and ds.stats["overlapped"] > 0   # started during backward
+
+
+@pytest.mark.mpi(min_size=2)
+def test_dense_sync_unused_parameter_contributes_zero():
+    comm = MPI.COMM_WORLD
+    net = torch.nn.ModuleDict({"used": torch.nn.Linear(3, 1), "unused": torch.nn.Linear(3, 1)})
+    ds = DenseSync(net, comm, backend="mpi", bucket_mb=1e-5)
+    net["used"](torch.ones(2, 3)).sum().backward()
+    ds.synchronize()
+    assert torch.count_nonzero(net["unused"].weight.grad) == 0
+    torch.testing.assert_close(net["used"].weight.grad, torch.full((1, 3), 2.0))
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="NCCL needs CUDA (run scripts/gpu_check.sh on a GPU node)")
+def test_dense_sync_nccl_equals_average():
+    comm = MPI.COMM_WORLD
+    net = _net(seed=comm.Get_rank()).cuda()
+    ds = DenseSync(net, comm, backend="auto", bucket_mb=1e-3)
+    assert ds.backend.name == "nccl"
+    net(torch.ones(4, 7, device="cuda")).sum().backward()
+    local = [p.grad.cpu() for p in net.parameters()]
+    ds.synchronize()
+    every = comm.allgather(local)
+    for i, p in enumerate(net.parameters()):
+        torch.testing.assert_close(p.grad.cpu(), sum(g[i] for g in every) / comm.Get_size())
+    ds.close()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+def test_sharded_embedding_bag_matches_torch(mode):
+    N, D = 40, 6
+    with hpcps.init(num_ps=1, mode="sync") as ctx:
+        t = hpcps.EmbeddingTable(ctx, "bag", N, D, optimizer=hpcps.optim.SGD(lr=1.0), seed=5)
+        if ctx.is_ps:
+            ctx.serve()
+            return
+        ref = torch.nn.EmbeddingBag.from_pretrained(torch.from_numpy(hpcps.initial_rows(5, "bag", np.arange(N), D)),
+                                                    freeze=False, mode=mode)
+        bag = ShardedEmbeddingBag(t, mode=mode)
+        ids = torch.tensor([3, 3, 7, 1, 39, 3, 0])
+        offsets = torch.tensor([0, 2, 5])                       # bags of 2, 3, 2 (duplicates inside)
+        weights = torch.arange(1.0, 4.0)[:, None]
+        out = bag(ids, offsets)
+        expected = ref(ids, offsets)
+        torch.testing.assert_close(out, expected)
+        torch.testing.assert_close(bag(ids.view(-1, 1)), ref(ids.view(-1, 1)))   # 2-D input
+        ctx.worker_comm.Barrier()                              # every worker read before anyone pushes
+        ctx.step_begin(0)
+        (out * weights).sum().backward()                       # pushes -1 * grad into the table
+        ctx.step_end(0)
+        (expected * weights).sum().backward()
+        ctx.fence(1)
+        ctx.worker_comm.Barrier()
+        W = ctx.num_workers
+        want = ref.weight.detach() - W * ref.weight.grad     # every worker pushed the same gradient
+        torch.testing.assert_close(torch.from_numpy(t.pull(np.arange(N))), want, rtol=1e-5, atol=1e-6)

@@ -1,0 +1,88 @@
+from pathlib import Path
+
+import pytest
+
+from hpcps.config import Config, config_keys, load_config
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_defaults_are_the_synthetic_dlrm_job():
+    c = load_config(environ={})
+    assert (c.data.format, c.model.kind, c.job.mode, c.job.steps) == ("synthetic-ctr", "dlrm", "sync", 3000)
+
+
+def test_precedence_file_env_set(tmp_path):
+    f = tmp_path / "c.toml"
+    f.write_text('[job]\nmode = "async"\nsteps = 7\n[optimizer.sparse]\nlr = 0.5\n')
+    c = load_config(f, environ={})
+    assert (c.job.mode, c.job.steps, c.optimizer.sparse.lr) == ("async", 7, 0.5)
+    env = {"HPCPS_JOB_STEPS": "9", "HPCPS_MODE": "ssp:2", "HPCPS_OPTIMIZER_SPARSE_LR": "0.25", "HPCPS_NUM_PS": "2"}
+    c = load_config(f, environ=env)
+    assert (c.job.mode, c.job.steps, c.optimizer.sparse.lr, c.job.num_ps) == ("ssp:2", 9, 0.25, 2)
+    c = load_config(f, ["job.steps=11", "job.mode=sync", "model.top_mlp=8,4"], environ=env)
+    assert (c.job.mode, c.job.steps, c.model.top_mlp) == ("sync", 11, [8, 4])
+
+
+@pytest.mark.parametrize("text,msg", [
+    ('[job]\nstepz = 3\n', "unknown key 'job.stepz' \\(file .*did you mean 'job.steps'"),
+    ('[jobs]\nsteps = 3\n', "unknown key 'jobs.steps'"),
+    ('[job]\nsteps = "many"\n', "job.steps = 'many' .*expected int"),
+    ('[job]\nsteps = 1.5\n', "job.steps = 1.5 .*expected int, got float"),
+    ('[data]\nskip_bad_lines = 1\n', "expected bool"),
+    ('[job\n', "not valid TOML"),
+])
+def test_file_errors_name_the_key(tmp_path, text, msg):
+    f = tmp_path / "bad.toml"
+    f.write_text(text)
+    with pytest.raises(ValueError, match=msg):
+        load_config(f, environ={})
+
+
+@pytest.mark.parametrize("sets,msg", [
+    (["job.mode=fast"], "job.mode = 'fast'"),
+    (["job.mode=ssp:x"], "ssp:S"),
+    (["job.num_ps=0"], "job.num_ps = 0: must be >= 1"),
+    (["data.batch_size=0"], "data.batch_size"),
+    (["data.format=parquet"], "data.format = 'parquet': must be one of"),
+    (["data.format=criteo"], "data.path = '': format criteo needs a file"),
+    (["data.format=criteo", "data.path=/nope.txt"], "data.path = '/nope.txt': no such file"),
+    (["model.kind=mf"], "mf needs data.format = ratings"),
+    (["optimizer.sparse.name=lamb"], "unknown sparse optimizer 'lamb'"),
+    (["optimizer.dense.name=lamb"], "optimizer.dense.name = 'lamb'"),
+    (["optimizer.sparse.schedule=wavy"], "schedule kind"),
+    (["model.dense_backend=gloo"], "model.dense_backend"),
+    (["job.steps"], "--set takes key=value"),
+    (["job.steps=0"], "synthetic data is endless"),
+])
+def test_bad_values_name_the_key(sets, msg):
+    with pytest.raises(ValueError, match=msg.replace("(", "\\(").replace(")", "\\)")):
+        load_config(None, sets, environ={})
+
+
+def test_env_error_names_the_variable():
+    with pytest.raises(ValueError, match="environment HPCPS_DATA_BATCH_SIZE"):
+        load_config(None, environ={"HPCPS_DATA_BATCH_SIZE": "big"})
+
+
+@pytest.mark.parametrize("name", ["ctr.toml", "criteo.toml", "ratings.toml"])
+def test_examples_load(name, monkeypatch, tmp_path):
+    monkeypatch.chdir(ROOT)
+    sets = []
+    if name == "ratings.toml":
+        (tmp_path / "r.dat").write_text("1::1::5::0\n")
+        sets = [f"data.path={tmp_path / 'r.dat'}"]
+    if name == "criteo.toml" and not Path("../shared/data/criteo/train_head1000.txt").exists():
+        (tmp_path / "c.txt").write_text("0\t1\n")
+        sets = [f"data.path={tmp_path / 'c.txt'}"]
+    c = load_config(ROOT / "examples" / name, sets, environ={})
+    assert isinstance(c, Config)
+
+
+def test_every_key_is_documented_in_help():
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-m", "hpcps", "train", "--help"], capture_output=True, text=True,
+                         check=True).stdout
+    for key in config_keys():
+        assert key in out, key

@@ -1,0 +1,125 @@
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hpcps.config import load_config
+from hpcps.data import BadLine, SyntheticCTR, make_data, parse_criteo, parse_rating
+from hpcps.metrics import auc
+
+ROOT = Path(__file__).resolve().parent.parent
+CRITEO = ROOT.parent / "shared" / "data" / "criteo" / "train_head1000.txt"
+
+
+def _synth(workers, worker, **kw):
+    args = dict(num_tables=3, rows_per_table=1000, num_dense=4, batch_size=64, eval_samples=300, zipf=1.2,
+                seed=1, num_workers=workers, worker=worker)
+    args.update(kw)
+    return SyntheticCTR(**args)
+
+
+def test_synthetic_worker_slices_make_the_global_batch():
+    whole = _synth(1, 0).train_batch(5)
+    parts = [_synth(3, w).train_batch(5) for w in range(3)]
+    np.testing.assert_array_equal(np.concatenate([p.labels for p in parts]), whole.labels)
+    for t in range(3):
+        np.testing.assert_array_equal(np.concatenate([p.sparse[t] for p in parts]), whole.sparse[t])
+    np.testing.assert_array_equal(np.concatenate([p.dense for p in parts]), whole.dense)
+    assert not np.array_equal(_synth(1, 0).train_batch(6).labels, whole.labels)
+    per_worker = [list(_synth(3, w).eval_batches()) for w in range(3)]
+    whole_eval = list(_synth(1, 0).eval_batches())
+    assert len(whole_eval) == 5                          # 300 samples in batches of 64: the last is short
+    for k, batch in enumerate(whole_eval):
+        np.testing.assert_array_equal(np.concatenate([w[k].truth for w in per_worker]), batch.truth)
+
+
+def test_synthetic_is_zipf_and_planted_auc_is_high():
+    d = _synth(1, 0, batch_size=4096, eval_samples=20000)
+    b = d.train_batch(0)
+    ids = b.sparse[0]
+    assert ids.min() >= 0 and ids.max() < 1000
+    assert (ids == 0).mean() > 0.15 > (ids == 10).mean() * 10   # Zipf: the head row is hot
+    y = np.concatenate([x.labels for x in d.eval_batches()])
+    p = np.concatenate([x.truth for x in d.eval_batches()])
+    assert 0.8 < auc(y, p) < 1.0
+    assert 0.1 < y.mean() < 0.6
+
+
+def test_criteo_line_parsing_pads_and_validates():
+    label, ints, cats = parse_criteo("1\t5\t\t-3" + "\t" * 10 + "\t68fd1e64\t")
+    assert label == 1 and ints[:3] == [5, 0, -3] and len(ints) == 13 and len(cats) == 26
+    assert cats[0] == 0x68FD1E64
+    for bad, msg in [("2\t1", "label must be 0 or 1"), ("0\tx", "I1 is not an integer"),
+                     ("0" + "\t1" * 13 + "\tzz", "C1 is not hex"), ("0" + "\t" * 45, "expected 40")]:
+        with pytest.raises(ValueError, match=msg):
+            parse_criteo(bad)
+
+
+@pytest.mark.skipif(not CRITEO.exists(), reason="the shared Criteo sample is beside the repository in CI")
+def test_criteo_real_sample_reads_and_shards():
+    cfg = load_config(None, ["data.format=criteo", f"data.path={CRITEO}", "data.batch_size=100",
+                             "data.hash_rows=5000", "job.epochs=1"], environ={})
+    whole = make_data(cfg.data, 0, 1, 0)
+    assert whole.stats["train_samples"] == 900 and whole.stats["eval_samples"] == 100
+    assert len(whole.tables) == 26 and whole.num_dense == 13
+    b = whole.train_batch(0)
+    assert all(s.min() >= 0 and s.max() < 5000 for s in b.sparse)
+    assert b.dense.min() >= 0 and np.isin(b.labels, [0, 1]).all()
+    parts = [make_data(cfg.data, 0, 2, w).train_batch(0) for w in range(2)]
+    np.testing.assert_array_equal(np.concatenate([p.labels for p in parts]), b.labels)
+
+
+def test_criteo_malformed_line_names_file_and_line(tmp_path):
+    good = "0" + "\t1" * 13 + "\tab" * 26
+    f = tmp_path / "c.txt"
+    f.write_text("\n".join([good] * 5 + ["0\tnot-a-number"] + [good] * 4) + "\n")
+    sets = ["data.format=criteo", f"data.path={f}", "data.batch_size=2", "job.epochs=1"]
+    with pytest.raises(BadLine, match=rf"{f}:6: integer feature I1 is not an integer"):
+        make_data(load_config(None, sets, environ={}).data, 0, 1, 0)
+    d = make_data(load_config(None, sets + ["data.skip_bad_lines=true"], environ={}).data, 0, 1, 0)
+    assert d.stats["skipped_lines"] == 1 and d.stats["train_samples"] + d.stats["eval_samples"] == 9
+
+
+@pytest.mark.parametrize("line,expected", [
+    ("12::7::4::978300760", ("12", "7", 4.0)),
+    ("12\t7\t3.5", ("12", "7", 3.5)),
+    ("u1,i9,2,5", ("u1", "i9", 2.0)),
+    ("3 4 1", ("3", "4", 1.0)),
+])
+def test_rating_separators(line, expected):
+    assert parse_rating(line) == expected
+
+
+def test_ratings_remap_header_unknown_and_errors(tmp_path):
+    train = tmp_path / "train.csv"
+    train.write_text("userId,movieId,rating,timestamp\n10,100,4,1\n20,100,3,2\n10,300,5,3\n20,300,1,4\n")
+    ev = tmp_path / "eval.csv"
+    ev.write_text("10,100,4,1\n99,300,2,2\n")
+    cfg = load_config(None, ["data.format=ratings", "model.kind=mf", f"data.path={train}",
+                             f"data.eval_path={ev}", "data.batch_size=2", "job.epochs=1"], environ={})
+    d = make_data(cfg.data, 0, 1, 0)
+    assert d.tables == [("users", 3), ("items", 3)]          # 2 known + 1 unknown row each
+    assert d.stats["eval_unknown_ids"] == 1 and d.mean_rating == pytest.approx(3.25)
+    b = next(d.eval_batches())
+    np.testing.assert_array_equal(b.sparse[0], [0, 2])       # user 99 -> the unknown row
+    bad = tmp_path / "bad.dat"
+    bad.write_text("1::2::5\n1::2\n")
+    cfg2 = load_config(None, ["data.format=ratings", "model.kind=mf", f"data.path={bad}", "job.epochs=1"],
+                       environ={})
+    with pytest.raises(BadLine, match=rf"{bad}:2: expected 'user item rating"):
+        make_data(cfg2.data, 0, 1, 0)
+
+
+def test_file_epoch_order_is_deterministic_per_seed(tmp_path):
+    f = tmp_path / "r.dat"
+    f.write_text("".join(f"{u}::{u % 7}::{u % 5 + 1}\n" for u in range(100)))
+    sets = ["data.format=ratings", "model.kind=mf", f"data.path={f}", "data.batch_size=10", "job.epochs=2",
+            "data.eval_fraction=0"]
+    a = make_data(load_config(None, sets, environ={}).data, 3, 1, 0)
+    b = make_data(load_config(None, sets, environ={}).data, 3, 1, 0)
+    c = make_data(load_config(None, sets, environ={}).data, 4, 1, 0)
+    seq = lambda d: np.concatenate([d.train_batch(s).sparse[0] for s in range(20)])  # noqa: E731
+    np.testing.assert_array_equal(seq(a), seq(b))
+    assert not np.array_equal(seq(a), seq(c))
+    first_epoch = np.sort(np.concatenate([a.train_batch(s).sparse[0] for s in range(10)]))
+    np.testing.assert_array_equal(first_epoch, np.arange(100))    # each sample once per epoch
