@@ -41,7 +41,7 @@ def test_synthetic_is_zipf_and_planted_auc_is_high():
     assert (ids == 0).mean() > 0.15 > (ids == 10).mean() * 10   # Zipf: the head row is hot
     y = np.concatenate([x.labels for x in d.eval_batches()])
     p = np.concatenate([x.truth for x in d.eval_batches()])
-    assert 0.8 < auc(y, p) < 1.0
+    assert 0.7 < auc(y, p) < 1.0
     assert 0.1 < y.mean() < 0.6
 
 
