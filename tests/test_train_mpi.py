@@ -1,0 +1,142 @@
+"""Training under a real mpiexec: sync equals single-process PyTorch, async converges, SSP bounds staleness."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hpcps.config import load_config
+from hpcps.reference import train_reference
+from hpcps.sparse.initializers import initial_rows
+from mpirun import ROOT, run_mpi
+
+TINY = ROOT / "tests" / "configs" / "tiny_ctr.toml"
+CRITEO = ROOT.parent / "shared" / "data" / "criteo" / "train_head1000.txt"
+
+
+def _final(stdout):
+    lines = [json.loads(l) for l in stdout.splitlines() if l.startswith('{"final"')]
+    assert len(lines) == 1, stdout
+    return lines[0]["final"]
+
+
+def _train(n, sets, config=TINY, timeout=240, **kw):
+    return run_mpi(n, ["-m", "hpcps", "train", "--config", config, "--set", *sets], timeout=timeout, **kw)
+
+
+def _assert_equals_reference(tmp_path, n, sets, config=TINY):
+    out = tmp_path / "w.npz"
+    sets = sets + [f"job.export={out}"]
+    _train(n, sets, config)
+    got = np.load(out)
+    cfg = load_config(config, sets, environ={})
+    ref = train_reference(cfg)
+    assert set(got.files) == set(ref)
+    for k, want in ref.items():
+        np.testing.assert_allclose(got[k], want, rtol=1e-4, atol=5e-5, err_msg=k)
+    # the comparison means something: tables moved far more than the tolerance
+    moved = max(float(np.abs(ref[k] - initial_rows(cfg.job.seed, k.split("/")[1], np.arange(ref[k].shape[0]),
+                                                   ref[k].shape[1], 0.0 if "bias" in k else None)).max())
+                for k in ref if k.startswith("tables/"))
+    assert moved > 2e-3, moved                                  # 40x the tolerance
+
+
+OPTIMIZERS = [
+    ["optimizer.sparse.name=sgd", "optimizer.sparse.lr=0.2"],
+    ["optimizer.sparse.name=momentum", "optimizer.sparse.lr=0.2"],
+    ["optimizer.sparse.name=adagrad"],
+    ["optimizer.sparse.name=rowwise_adagrad", "optimizer.sparse.lr=0.2"],
+    ["optimizer.sparse.name=adam", "optimizer.sparse.lr=0.05"],
+]
+
+
+@pytest.mark.parametrize("opt", OPTIMIZERS, ids=lambda o: o[0].split("=")[1])
+@pytest.mark.parametrize("n,ps,transport", [(3, 1, "auto"), (5, 2, "rma")], ids=["1ps-2w", "2ps-3w-rma"])
+def test_sync_equals_single_process_torch(tmp_path, opt, n, ps, transport):
+    _assert_equals_reference(tmp_path, n, opt + [f"job.num_ps={ps}", f"job.transport={transport}"])
+
+
+def test_sync_equivalence_with_decay_schedule_clipping(tmp_path):
+    _assert_equals_reference(tmp_path, 4, [
+        "optimizer.sparse.name=sgd", "optimizer.sparse.lr=0.5", "optimizer.sparse.weight_decay=0.05",
+        "optimizer.sparse.schedule=cosine", "optimizer.sparse.warmup_steps=5", "optimizer.sparse.clip_norm=0.05",
+        "optimizer.dense.name=momentum", "optimizer.dense.schedule=step", "optimizer.dense.step_size=10"])
+
+
+def test_sync_equivalence_matrix_factorisation(tmp_path):
+    data = tmp_path / "r.dat"
+    rng = np.random.default_rng(0)
+    data.write_text("".join(f"{rng.integers(40)}::{rng.zipf(1.5) % 30}::{rng.integers(1, 6)}\n" for _ in range(1500)))
+    _assert_equals_reference(tmp_path, 4, [
+        "data.format=ratings", f"data.path={data}", "model.kind=mf", "data.batch_size=60", "job.epochs=2",
+        "optimizer.sparse.name=adam", "optimizer.sparse.lr=0.05", "optimizer.dense.name=sgd"])
+
+
+def test_async_converges_like_sync():
+    sets = ["job.steps=600", "data.num_tables=4", "data.rows_per_table=2000", "data.batch_size=512",
+            "data.eval_samples=20000", "metrics.progress=false"]
+    res = {}
+    for mode in ("sync", "async"):
+        r = run_mpi(4, ["-m", "hpcps", "train", "--set", f"job.mode={mode}", *sets], timeout=300)
+        res[mode] = _final(r.stdout)
+    assert res["sync"]["auc"] > res["sync"]["planted_auc"] - 0.03        # it learned
+    assert abs(res["async"]["auc"] - res["sync"]["auc"]) < 0.01
+    assert res["async"]["mode"] == "async" and res["sync"]["max_staleness"] == 0
+
+
+@pytest.mark.parametrize("bound", [1, 3])
+def test_ssp_bound_holds_with_a_slow_worker(bound):
+    r = run_mpi(4, ["ssp_bound.py", f"ssp:{bound}", 40], timeout=120)
+    rep = json.loads(r.stdout.strip().splitlines()[-1])
+    assert max(rep["max_staleness"]) == bound                 # reached, never exceeded
+    assert rep["wait_seconds"][0] > 0.1                       # the fast worker was held back
+
+
+def test_async_has_no_bound():
+    r = run_mpi(4, ["ssp_bound.py", "async", 40], timeout=120)
+    rep = json.loads(r.stdout.strip().splitlines()[-1])
+    assert max(rep["max_staleness"]) > 3                      # the same run without SSP drifts
+
+
+def test_train_end_to_end_metrics_and_final_line(tmp_path):
+    metrics = tmp_path / "m.jsonl"
+    r = _train(4, ["job.steps=40", "job.log_every=10", "job.eval_every=20", f"metrics.path={metrics}",
+                   "job.mode=ssp:2"])
+    final = _final(r.stdout)
+    for key in ("auc", "logloss", "planted_auc", "samples_per_s", "steps", "max_staleness"):
+        assert key in final
+    assert final["steps"] == 40 and final["num_workers"] == 3 and final["max_staleness"] <= 2
+    recs = [json.loads(l) for l in metrics.read_text().splitlines()]
+    steps = [x for x in recs if "step" in x]
+    assert [x["step"] for x in steps] == [10, 20, 30, 40]
+    for k in ("loss", "samples_per_s", "pull_ms", "push_ms", "staleness", "rows_per_ps", "time_breakdown_s"):
+        assert k in steps[0], k
+    assert "eval" in steps[1] and "auc" in steps[1]["eval"]
+    assert sum(steps[-1]["rows_per_ps"]) > 0
+    assert "final" in recs[-1]
+
+
+@pytest.mark.skipif(not CRITEO.exists(), reason="the shared Criteo sample is beside the repository in CI")
+def test_train_criteo_sample():
+    r = _train(4, ["metrics.progress=false", "metrics.path=", "job.epochs=2", f"data.path={CRITEO}"],
+               config=ROOT / "examples" / "criteo.toml")
+    final = _final(r.stdout)
+    assert final["data"]["train_samples"] == 800 and final["eval_samples"] == 200
+    assert 0.4 < final["auc"] <= 1.0 and final["logloss"] < 1.0
+
+
+def test_config_error_fails_every_rank_with_one_message():
+    r = _train(3, ["job.stepz=5"], check=False, timeout=60)
+    assert r.returncode != 0
+    assert r.stderr.count("hpcps: error: config: unknown key 'job.stepz'") == 1
+    assert "Traceback" not in r.stderr
+
+
+def test_malformed_data_fails_with_file_and_line(tmp_path):
+    bad = tmp_path / "bad.dat"
+    bad.write_text("1::1::5\n2::1::4\noops\n")
+    r = _train(3, ["data.format=ratings", "model.kind=mf", f"data.path={bad}", "job.epochs=1",
+                   "data.batch_size=1"], check=False, timeout=60)
+    assert r.returncode != 0
+    assert f"{bad}:3: expected 'user item rating" in r.stderr
