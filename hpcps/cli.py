@@ -20,7 +20,7 @@ def _setup_logging(level: str) -> None:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hpcps", description=(
         "Parameter server for sparse embedding tables over one-sided MPI RMA. "
-        "Run under an MPI launcher, e.g. `mpiexec -n 4 python -m hpcps demo`."))
+        "Run under an MPI launcher, e.g. `mpiexec -n 4 python -m hpcps train --config examples/ctr.toml`."))
     p.add_argument("--version", action="version", version=f"hpcps {__version__}")
     p.add_argument("--log-level", default="warning", help="logging level (default: warning)")
     sub = p.add_subparsers(dest="command", required=True)

@@ -66,7 +66,8 @@ class ModelConfig:
     dim: int = 16
     bottom_mlp: list = field(default_factory=lambda: [64])
     top_mlp: list = field(default_factory=lambda: [64, 32])
-    dense_backend: str = "auto"  # auto | mpi | nccl
+    device: str = "cpu"         # cpu | cuda (dense layers; tables stay on the PS ranks)
+    dense_backend: str = "auto"  # auto: nccl for cuda, mpi for cpu | mpi | nccl
     bucket_mb: float = 4.0
 
 
@@ -268,6 +269,11 @@ def validate(cfg: Config) -> None:
     _check(m.dense_backend in ("auto", "mpi", "nccl"), "model.dense_backend", m.dense_backend,
            "must be auto, mpi or nccl")
     _check(m.bucket_mb > 0, "model.bucket_mb", m.bucket_mb, "must be > 0")
+    _check(m.device in ("cpu", "cuda"), "model.device", m.device, "must be cpu or cuda")
+    _check(not (m.device == "cpu" and m.dense_backend == "nccl"), "model.dense_backend", m.dense_backend,
+           "nccl needs model.device = cuda")
+    _check(not (m.device == "cuda" and m.dense_backend == "mpi"), "model.dense_backend", m.dense_backend,
+           "mpi all-reduces CPU tensors; use auto or nccl with model.device = cuda")
     for sec_name in ("sparse", "dense"):
         sec = getattr(cfg.optimizer, sec_name)
         key = f"optimizer.{sec_name}"

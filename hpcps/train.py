@@ -79,10 +79,17 @@ def build_model(cfg: Config, embeddings, data) -> torch.nn.Module:
     return DLRM(embeddings, data.num_dense, cfg.model.dim, cfg.model.bottom_mlp, cfg.model.top_mlp)
 
 
-def step_loss(model, batch, task: str, global_batch: int, scale: float):
+def _inputs(batch, device):
+    dense = torch.from_numpy(batch.dense)
+    if device.type != "cpu":
+        dense = dense.to(device, non_blocking=True)
+    return dense, [torch.from_numpy(s) for s in batch.sparse]
+
+
+def step_loss(model, batch, task: str, global_batch: int, scale: float, device=torch.device("cpu")):
     """Forward one batch; returns (loss to backward, summed per-sample loss). Local."""
-    out = model(torch.from_numpy(batch.dense), [torch.from_numpy(s) for s in batch.sparse])
-    y = torch.from_numpy(batch.labels)
+    out = model(*_inputs(batch, device))
+    y = torch.from_numpy(batch.labels).to(device)
     if task == "ctr":
         total = torch.nn.functional.binary_cross_entropy_with_logits(out, y, reduction="sum")
     else:
@@ -90,13 +97,13 @@ def step_loss(model, batch, task: str, global_batch: int, scale: float):
     return total * (scale / global_batch), float(total.detach())
 
 
-def evaluate(model, data, comm: MPI.Comm) -> dict:
+def evaluate(model, data, comm: MPI.Comm, device=torch.device("cpu")) -> dict:
     """Eval metrics over every worker's eval shard. Collective over the worker communicator."""
     scores, labels, truth = [], [], []
     with torch.no_grad():
         for b in data.eval_batches():
-            out = model(torch.from_numpy(b.dense), [torch.from_numpy(s) for s in b.sparse])
-            scores.append(out.numpy())
+            out = model(*_inputs(b, device))
+            scores.append(out.cpu().numpy())
             labels.append(b.labels)
             if b.truth is not None:
                 truth.append(b.truth)
@@ -119,7 +126,7 @@ def evaluate(model, data, comm: MPI.Comm) -> dict:
 
 def export_weights(path: str, model, tables) -> None:
     """Worker 0: dense state and every table's rows (global-id order) to one .npz. Local."""
-    arrays = {f"dense/{k}": v.detach().numpy() for k, v in model.state_dict().items()}
+    arrays = {f"dense/{k}": v.detach().cpu().numpy() for k, v in model.state_dict().items()}
     for t in tables:
         rows = np.empty((t.num_rows, t.dim), np.float32)
         for s in range(0, t.num_rows, 1 << 16):
@@ -157,8 +164,16 @@ def _work(cfg, ctx, data, tables, steps):
     W, comm = ctx.num_workers, ctx.worker_comm
     lead = ctx.worker_rank == 0
     torch.manual_seed(cfg.job.seed)
-    embs = [ShardedEmbeddingBag(t, mode="sum", grad_scale=1.0 / W) for t in tables]
-    model = build_model(cfg, embs, data)
+    device = torch.device(cfg.model.device)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("config: model.device = 'cuda' but torch sees no GPU on this worker")
+        local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        device = torch.device("cuda", local.Get_rank() % torch.cuda.device_count())
+        local.Free()
+        torch.cuda.set_device(device)
+    embs = [ShardedEmbeddingBag(t, mode="sum", grad_scale=1.0 / W, device=device) for t in tables]
+    model = build_model(cfg, embs, data).to(device)
     dense = DenseSync(model, comm, backend=cfg.model.dense_backend, bucket_mb=cfg.model.bucket_mb)
     opt = dense_optimizer(cfg.optimizer.dense, model.parameters())
     sched = dense_schedule(cfg.optimizer.dense, steps)
@@ -179,7 +194,7 @@ def _work(cfg, ctx, data, tables, steps):
         t1 = time.perf_counter()
         batch = data.train_batch(step)
         t2 = time.perf_counter()
-        loss, total = step_loss(model, batch, data.task, B, W)
+        loss, total = step_loss(model, batch, data.task, B, W, device)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         t3 = time.perf_counter()
@@ -217,13 +232,13 @@ def _work(cfg, ctx, data, tables, steps):
             last_step, last_t, loss_acc, n_acc = step + 1, now, 0.0, 0
             if cfg.job.eval_every and (step + 1) % cfg.job.eval_every == 0 and step + 1 < steps:
                 ctx.fence(step + 1)
-                rec["eval"] = evaluate(model, data, comm)
+                rec["eval"] = evaluate(model, data, comm, device)
             log.write(rec)
     if bar is not None:
         bar.close()
     elapsed = time.perf_counter() - t_start
     ctx.fence(steps)                                   # every staged gradient is applied
-    result = evaluate(model, data, comm)
+    result = evaluate(model, data, comm, device)
     stale = ctx.control.staleness
     all_stale = comm.gather(stale, root=0)
     if cfg.job.export and lead:

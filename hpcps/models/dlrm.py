@@ -31,7 +31,7 @@ class DLRM(nn.Module):
         self.embeddings = nn.ModuleList(embeddings)
         self.bottom = mlp([num_dense, *bottom_mlp, dim], last_activation=True) if num_dense else None
         n = len(self.embeddings) + (1 if num_dense else 0)
-        self._pairs = torch.tril_indices(n, n, offset=-1)
+        self.register_buffer("_pairs", torch.tril_indices(n, n, offset=-1), persistent=False)
         top_in = (dim if num_dense else 0) + n * (n - 1) // 2
         self.top = mlp([top_in, *top_mlp, 1], last_activation=False)
 

@@ -51,10 +51,12 @@ def test_dense_sync_unused_parameter_contributes_zero():
     torch.testing.assert_close(net["used"].weight.grad, torch.full((1, 3), 2.0))
 
 
-@pytest.mark.mpi(min_size=2)
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="NCCL needs CUDA (run scripts/gpu_check.sh on a GPU node)")
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.skipif(torch.cuda.device_count() < 1 or MPI.COMM_WORLD.Get_size() > torch.cuda.device_count(),
+                    reason="NCCL needs one GPU per rank (run scripts/gpu_check.sh on a GPU node)")
 def test_dense_sync_nccl_equals_average():
     comm = MPI.COMM_WORLD
+    torch.cuda.set_device(comm.Get_rank() % torch.cuda.device_count())
     net = _net(seed=comm.Get_rank()).cuda()
     ds = DenseSync(net, comm, backend="auto", bucket_mb=1e-3)
     assert ds.backend.name == "nccl"
