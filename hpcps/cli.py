@@ -56,6 +56,15 @@ def _config_keys():
     return list(config_keys())
 
 
+def _error(e: Exception) -> int:
+    """Report an error raised alike on every rank (before any communication): one line, exit 2."""
+    from mpi4py import MPI
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        print(f"hpcps: error: {e}", file=sys.stderr, flush=True)
+    MPI.COMM_WORLD.Barrier()             # the message is out before any rank exits (or aborts)
+    return 2
+
+
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     _setup_logging(args.log_level)
@@ -68,11 +77,8 @@ def main(argv=None) -> int:
         try:
             summary = run_demo(args.rows, args.dim, args.batch, args.steps, args.num_ps,
                                args.transport, args.seed, args.zipf)
-        except ValueError as e:          # raised alike on every rank, before any communication
-            if MPI.COMM_WORLD.Get_rank() == 0:
-                print(f"hpcps: error: {e}", file=sys.stderr, flush=True)
-            MPI.COMM_WORLD.Barrier()     # the message is out before any rank exits (or aborts)
-            return 2
+        except ValueError as e:
+            return _error(e)
         ok = MPI.COMM_WORLD.allreduce(summary is None or summary["verified"], op=MPI.LAND)
         if summary is not None:
             print(json.dumps({"demo": summary}), flush=True)
@@ -82,19 +88,13 @@ def main(argv=None) -> int:
         from .config import load_config
         try:
             cfg = load_config(args.config, args.set)
-        except ValueError as e:          # same on every rank: nothing has communicated yet
-            if MPI.COMM_WORLD.Get_rank() == 0:
-                print(f"hpcps: error: {e}", file=sys.stderr, flush=True)
-            MPI.COMM_WORLD.Barrier()
-            return 2
+        except ValueError as e:
+            return _error(e)
         from .train import train
         try:
             final = train(cfg)
         except ValueError as e:
-            if MPI.COMM_WORLD.Get_rank() == 0:
-                print(f"hpcps: error: {e}", file=sys.stderr, flush=True)
-            MPI.COMM_WORLD.Barrier()
-            return 2
+            return _error(e)
         if final is not None:
             print(json.dumps({"final": final}), flush=True)
         return 0

@@ -143,6 +143,8 @@ def train(cfg: Config) -> dict | None:
     """
     world = MPI.COMM_WORLD
     summary = None
+    if cfg.model.device == "cuda" and not torch.cuda.is_available():      # checked alike on every rank
+        raise ValueError("config: model.device = 'cuda' but torch sees no GPU")
     with init(num_ps=cfg.job.num_ps, transport=cfg.job.transport, mode=cfg.job.mode) as ctx:
         W = ctx.num_workers
         data = make_data(cfg.data, cfg.job.seed, W, max(ctx.worker_rank, 0))
@@ -166,8 +168,6 @@ def _work(cfg, ctx, data, tables, steps):
     torch.manual_seed(cfg.job.seed)
     device = torch.device(cfg.model.device)
     if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError("config: model.device = 'cuda' but torch sees no GPU on this worker")
         local = comm.Split_type(MPI.COMM_TYPE_SHARED)
         device = torch.device("cuda", local.Get_rank() % torch.cuda.device_count())
         local.Free()

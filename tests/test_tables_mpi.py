@@ -31,6 +31,12 @@ def test_concurrent_pushes_lose_no_update(n, num_ps, transport):
     assert int(sums[0]) > 150 * (n - num_ps) * 2          # every worker hit row 0 twice per round
 
 
+@pytest.mark.parametrize("n,num_ps,transport", [(4, 1, "auto"), (5, 2, "rma")])
+def test_staged_pushes_applied_by_ps_lose_no_update(n, num_ps, transport):
+    r = run_mpi(n, ["concurrent_push.py", num_ps, transport, 150, "stateful"], timeout=180)
+    assert r.stdout.count("OK worker") == n - num_ps
+
+
 @pytest.mark.parametrize("transport", ["auto", "rma"])
 def test_pull_and_push_complete_while_ps_is_busy(transport):
     r = run_mpi(2, ["busy_ps.py", transport])

@@ -159,14 +159,14 @@ class EmbeddingTable:
                 self._stage.sync()
                 self._flags.sync()
                 self._state = new_state(optimizer, local_rows, self.dim)
+        if ctx.is_worker or self.stateful:      # torch does the adds: import it now, not mid-training
+            _t()
         ctx.world.Barrier()                     # rows exist before anyone pulls
         self._views = self._map_shared_shards(self._data) if ctx.is_worker else [None] * ctx.num_ps
         if self.stateful and ctx.is_worker:
             self._stage_views = self._map_shared_shards(self._stage)
             self._flag_views = [None if v is None else self._flags.shared(r, np.uint8)
                                 for v, r in zip(self._stage_views, ctx.ps_world_ranks)]
-        if ctx.is_worker:
-            _t()                                # import torch now, not inside the first push
         ctx._register(self)
 
     # ------------------------------------------------------------ set-up

@@ -1,6 +1,8 @@
 """Workers push integer gradients to overlapping hot rows at once; no update may be lost.
 
-Usage: concurrent_push.py NUM_PS TRANSPORT ROUNDS
+Usage: concurrent_push.py NUM_PS TRANSPORT ROUNDS [stateful]
+With "stateful", gradients are staged and applied by the PS while workers keep
+pushing (async mode): nothing may be lost between a push and the PS's drain.
 """
 import sys
 
@@ -10,10 +12,14 @@ from mpi4py import MPI
 import hpcps
 
 num_ps, transport, rounds = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+stateful = len(sys.argv) > 4 and sys.argv[4] == "stateful"
 N, D = 300, 4
+# warmup_steps=1 keeps the rate at exactly 1.0 but makes SGD stateful (applied by the PS)
+opt = hpcps.optim.SGD(lr=1.0, schedule=hpcps.optim.LRSchedule(warmup_steps=1 if stateful else 0))
+assert opt.stateful == stateful
 
-with hpcps.init(num_ps=num_ps, transport=transport) as ctx:
-    t = hpcps.EmbeddingTable(ctx, "hot", N, D, optimizer=hpcps.optim.SGD(lr=1.0), init_scale=0.0)
+with hpcps.init(num_ps=num_ps, transport=transport, mode="async") as ctx:
+    t = hpcps.EmbeddingTable(ctx, "hot", N, D, optimizer=opt, init_scale=0.0)
     if ctx.is_ps:
         ctx.serve()
     else:
@@ -22,6 +28,7 @@ with hpcps.init(num_ps=num_ps, transport=transport) as ctx:
         mine = np.zeros((N, D), dtype=np.int64)
         ctx.worker_comm.Barrier()
         for r in range(rounds):
+            ctx.step_begin(r)
             ids = np.concatenate([np.arange(10), np.arange(10),          # hot rows, twice per batch
                                   rng.integers(0, N, 40)])
             vals = rng.integers(1, 5, size=(ids.size, D))
@@ -29,6 +36,8 @@ with hpcps.init(num_ps=num_ps, transport=transport) as ctx:
             np.add.at(mine, ids, vals)
             if r % 7 == 0:
                 t.pull_async(ids[:20]).wait()                           # reads race with writes
+            ctx.step_end(r)
+        ctx.fence(rounds)                                                # every staged push applied
         ctx.worker_comm.Barrier()
         total = np.empty_like(mine)
         ctx.worker_comm.Allreduce(mine, total, op=MPI.SUM)
