@@ -6,7 +6,6 @@ plus the number of pushes it received from all workers (to within float32
 rounding, far below the 1.0 a lost or doubled push would show).
 """
 
-import json
 import logging
 import time
 

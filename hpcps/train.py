@@ -13,7 +13,6 @@ scaled by ``1/W``), so in ``sync`` mode training equals one process training
 on the whole global batch.
 """
 
-import json
 import logging
 import time
 

@@ -1,7 +1,6 @@
 """Training under a real mpiexec: sync equals single-process PyTorch, async converges, SSP bounds staleness."""
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest

@@ -8,7 +8,6 @@ import logging
 import os
 import socket
 
-import numpy as np
 from mpi4py import MPI
 
 from ..errors import HpcpsError
