@@ -48,6 +48,19 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--set", metavar="KEY=VALUE", nargs="+", action="extend", default=[],
                    help="override settings, dotted section.key, e.g. --set job.mode=async data.batch_size=512 "
                         "(may repeat)")
+    k = sub.add_parser("ckpt", help="list, verify, inspect and export checkpoints (no MPI launch needed)")
+    ks = k.add_subparsers(dest="ckpt_command", required=True)
+    ks.add_parser("ls", help="checkpoints in a directory, newest last, with their state").add_argument("dir")
+    ks.add_parser("verify", help="check sizes and SHA-256 of one checkpoint or of every one in a directory"
+                  ).add_argument("path")
+    ks.add_parser("inspect", help="step, ranks, tables, shapes and sizes of a checkpoint").add_argument("path")
+    e = ks.add_parser("export", help="one file with every table in global-id order and the dense tensors",
+                      description="PATH: one checkpoint, or a checkpoint directory meaning its newest verified one.")
+    e.add_argument("path")
+    e.add_argument("--out", required=True, help="output file")
+    e.add_argument("--format", choices=("h5", "torch"), default="h5",
+                   help="h5: tables/<name>/weights and dense/<name> (h5py reads it alone); "
+                        "torch: a plain state_dict for torch.load (default h5)")
     return p
 
 
@@ -67,6 +80,19 @@ def _error(e: Exception) -> int:
 
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "ckpt":
+        from .checkpoint import tools
+        try:
+            if args.ckpt_command == "ls":
+                return tools.ls(args.dir)
+            if args.ckpt_command == "verify":
+                return tools.verify_cmd(args.path)
+            if args.ckpt_command == "inspect":
+                return tools.inspect(args.path)
+            return tools.export(args.path, args.out, args.format)
+        except (ValueError, OSError) as e:
+            print(f"hpcps: error: {e}", file=sys.stderr)
+            return 2
     _setup_logging(args.log_level)
     if args.command == "demo":
         from .demo import run_demo
@@ -91,13 +117,14 @@ def main(argv=None) -> int:
         except ValueError as e:
             return _error(e)
         from .train import train
+        from .train import EXIT_CHECKPOINTED
         try:
             final = train(cfg)
         except ValueError as e:
             return _error(e)
-        if final is not None:
+        if MPI.COMM_WORLD.Get_rank() == 0:
             print(json.dumps({"final": final}), flush=True)
-        return 0
+        return EXIT_CHECKPOINTED if final.get("stopped") else 0
     return 2
 
 

@@ -95,6 +95,16 @@ class OptimizerConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    dir: str = ""               # checkpoint directory ("" = no checkpoints)
+    every_steps: int = 0        # 0: off
+    every_seconds: float = 0.0  # 0: off
+    keep: int = 3               # committed checkpoints kept (0 = all)
+    resume: str = "auto"        # auto (newest verified in dir) | none | PATH
+    compression: str = ""       # "" | gzip | lzf
+
+
+@dataclass
 class MetricsConfig:
     path: str = ""              # JSONL file ("" = none)
     progress: bool = True       # tqdm bar on worker 0
@@ -106,6 +116,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
     def to_dict(self) -> dict:
@@ -274,6 +285,12 @@ def validate(cfg: Config) -> None:
            "nccl needs model.device = cuda")
     _check(not (m.device == "cuda" and m.dense_backend == "mpi"), "model.dense_backend", m.dense_backend,
            "mpi all-reduces CPU tensors; use auto or nccl with model.device = cuda")
+    c = cfg.checkpoint
+    _check(c.every_steps >= 0 and c.every_seconds >= 0, "checkpoint.every_steps", c.every_steps, "must be >= 0")
+    _check(c.keep >= 0, "checkpoint.keep", c.keep, "must be >= 0")
+    _check(c.compression in ("", "gzip", "lzf"), "checkpoint.compression", c.compression, "must be '', gzip or lzf")
+    if c.resume not in ("auto", "none"):
+        _check(Path(c.resume).exists(), "checkpoint.resume", c.resume, "no such checkpoint")
     for sec_name in ("sparse", "dense"):
         sec = getattr(cfg.optimizer, sec_name)
         key = f"optimizer.{sec_name}"

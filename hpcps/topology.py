@@ -101,6 +101,8 @@ class Context:
         self._tables = []          # live tables, in creation order (frees are collective)
         self._served = False
         self._finalized = False
+        self._service_hooks = []   # PS: called on every poll of the serve loop
+        self._resources = []       # freed collectively in finalize, after the tables
         self.control = StepControl(self, mode)
         logger.debug("rank %d: %s, %d PS at %s", me, "PS" if self.is_ps else "worker",
                      num_ps, self.ps_world_ranks)
@@ -130,9 +132,13 @@ class Context:
         while not req.Test():
             if self.is_ps:
                 self.control.service(self._tables)
+                for hook in self._service_hooks:
+                    hook()
             os.sched_yield()
         if self.is_ps:                       # every push is in: apply whatever is still staged
             self.control.service(self._tables, final=True)
+            for hook in self._service_hooks:
+                hook()
 
     # -- the step protocol (workers) -----------------------------------------
     def step_begin(self, step: int) -> int:
@@ -191,6 +197,8 @@ class Context:
             self._wait_all_workers_done()
         for t in list(self._tables):
             t.free()
+        for r in self._resources:
+            r.free()
         self.control.free()
         comm = self.ps_comm if self.is_ps else self.worker_comm
         comm.Free()

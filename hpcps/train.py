@@ -14,12 +14,15 @@ on the whole global batch.
 """
 
 import logging
+import os
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 from mpi4py import MPI
 
+from . import checkpoint as ckpt_mod
 from .config import Config, build_sparse_optimizer
 from .data import make_data
 from .dense import DenseSync
@@ -30,7 +33,31 @@ from .sparse import EmbeddingTable
 from .sparse.optimizers import LRSchedule
 from .topology import init
 
-__all__ = ["train", "total_steps", "table_specs", "dense_optimizer", "dense_schedule"]
+__all__ = ["train", "total_steps", "table_specs", "dense_optimizer", "dense_schedule", "EXIT_CHECKPOINTED"]
+
+# Exit code of a job that checkpointed on request (SIGUSR1/SIGTERM or a STOP file) and stopped
+# before its last step: start it again with the same command to carry on.
+EXIT_CHECKPOINTED = 85
+
+
+class _StopRequest:
+    """SIGUSR1/SIGTERM set a flag (no I/O in the handler); a file STOP in the checkpoint dir too."""
+
+    def __init__(self, ckpt_dir: str):
+        import signal
+        self.flag = False
+        self.stop_file = Path(ckpt_dir) / "STOP" if ckpt_dir else None
+        for sig in (signal.SIGUSR1, signal.SIGTERM):
+            try:
+                signal.signal(sig, self._set)
+            except ValueError:         # not the main thread
+                pass
+
+    def _set(self, signum, frame):
+        self.flag = True
+
+    def requested(self) -> bool:
+        return self.flag or bool(self.stop_file and self.stop_file.exists())
 
 logger = logging.getLogger(__name__)
 
@@ -138,7 +165,8 @@ def export_weights(path: str, model, tables) -> None:
 def train(cfg: Config) -> dict | None:
     """Run the job a config describes. Collective over ``MPI.COMM_WORLD``.
 
-    Returns the final summary on world rank 0 (also printed by ``hpcps train``), None elsewhere.
+    Returns the final summary on every rank (``hpcps train`` prints it on rank 0);
+    ``summary["stopped"]`` is True when a stop request ended the job after a checkpoint.
     """
     world = MPI.COMM_WORLD
     summary = None
@@ -152,16 +180,40 @@ def train(cfg: Config) -> dict | None:
         tables = [EmbeddingTable(ctx, name, rows, dim, optimizer=sparse_opt, seed=cfg.job.seed,
                                  init_scale=scale, transport=cfg.job.transport)
                   for name, rows, dim, scale in table_specs(cfg, data)]
+        c = cfg.checkpoint
+        stop = _StopRequest(c.dir)
+        ckpt, resume_from, start = None, None, 0
+        if c.dir:
+            if world.Get_rank() == 0:
+                Path(c.dir).mkdir(mode=ckpt_mod.store.DIR_MODE, parents=True, exist_ok=True)
+            ckpt = ckpt_mod.Checkpointer(ctx, tables, c.dir, c.keep, c.compression,
+                                         {"config": cfg.to_dict()})
+            ctx._resources.append(ckpt)
+        if c.resume != "none" and (c.dir or c.resume != "auto"):
+            found = None
+            if world.Get_rank() == 0:
+                try:
+                    found = ckpt_mod.resolve(c.resume, c.dir)
+                except ValueError as e:
+                    found = e
+            found = world.bcast(found, root=0)
+            if isinstance(found, ValueError):
+                raise found
+            resume_from = found
+        if resume_from is not None:
+            start = ckpt_mod.restore_tables(resume_from, ctx, tables)
+            if world.Get_rank() == 0:
+                logger.warning("hpcps: resuming from %s (step %d)", resume_from, start)
+        ctx.control.set_start(start)
         if ctx.is_ps:
             ctx.serve()
         else:
-            summary = _work(cfg, ctx, data, tables, steps)
+            summary = _work(cfg, ctx, data, tables, steps, start, resume_from, ckpt, stop)
         first_worker = ctx.worker_world_ranks[0]
-    summary = world.bcast(summary, root=first_worker)
-    return summary if world.Get_rank() == 0 else None
+    return world.bcast(summary, root=first_worker)
 
 
-def _work(cfg, ctx, data, tables, steps):
+def _work(cfg, ctx, data, tables, steps, start=0, resume_from=None, ckpt=None, stop=None):
     W, comm = ctx.num_workers, ctx.worker_comm
     lead = ctx.worker_rank == 0
     torch.manual_seed(cfg.job.seed)
@@ -177,17 +229,24 @@ def _work(cfg, ctx, data, tables, steps):
     opt = dense_optimizer(cfg.optimizer.dense, model.parameters())
     sched = dense_schedule(cfg.optimizer.dense, steps)
     base_lrs = [g["lr"] for g in opt.param_groups]
+    if resume_from is not None:
+        ckpt_mod.restore_dense(resume_from, model, opt)
+        for g, lr in zip(opt.param_groups, base_lrs):
+            g["lr"] = lr
+    c = cfg.checkpoint
+    last_ckpt_time, last_ckpt_step, stopped = time.time(), start, False
+    delay = float(os.environ.get("HPCPS_STEP_DELAY", "0"))   # seconds per step: demos and fault tests
     log = MetricsLog(cfg.metrics.path if lead else "")
     bar = None
     if lead and cfg.metrics.progress:
         from tqdm import tqdm
-        bar = tqdm(total=steps, desc="train", unit="step", dynamic_ncols=True)
+        bar = tqdm(total=steps, initial=start, desc="train", unit="step", dynamic_ncols=True)
     B = cfg.data.batch_size
     timing = dict.fromkeys(("data", "wait", "compute", "dense_wait"), 0.0)
     t_start = last_t = time.perf_counter()
-    last_step, loss_acc, n_acc = 0, 0.0, 0
+    last_step, loss_acc, n_acc = start, 0.0, 0
     pulls0 = [(t.stats.pull_seconds, t.stats.push_seconds) for t in tables]
-    for step in range(steps):
+    for step in range(start, steps):
         t0 = time.perf_counter()
         stale = ctx.step_begin(step)
         t1 = time.perf_counter()
@@ -205,6 +264,8 @@ def _work(cfg, ctx, data, tables, steps):
         for g, lr in zip(opt.param_groups, base_lrs):
             g["lr"] = lr * f
         opt.step()
+        if delay:
+            time.sleep(delay)
         ctx.step_end(step)
         timing["wait"] += t1 - t0
         timing["data"] += t2 - t1
@@ -233,10 +294,29 @@ def _work(cfg, ctx, data, tables, steps):
                 ctx.fence(step + 1)
                 rec["eval"] = evaluate(model, data, comm, device)
             log.write(rec)
+        if ckpt is not None:
+            ckpt.poll_commit()
+            due = bool(c.every_steps) and (step + 1) % c.every_steps == 0
+            flags = [int(stop.requested()), int(lead and c.every_seconds > 0
+                                                and time.time() - last_ckpt_time >= c.every_seconds)]
+            flags = comm.allreduce(flags if step + 1 < steps else [0, 0], op=MPI.MAX)
+            if (due or any(flags)) and step + 1 < steps:
+                ckpt.checkpoint(step + 1, model, opt)
+                last_ckpt_time, last_ckpt_step = time.time(), step + 1
+                log.write({"checkpoint": step + 1, "stall_s": ckpt.stall_seconds[-1]})
+            if flags[0]:
+                stopped = True
+                ckpt.wait_commit()
+                break
     if bar is not None:
         bar.close()
+    if ckpt is not None and not stopped:
+        if last_ckpt_step != steps and steps > start:       # a finished job takes no new checkpoint
+            ckpt.checkpoint(steps, model, opt)
+        ckpt.wait_commit()
     elapsed = time.perf_counter() - t_start
-    ctx.fence(steps)                                   # every staged gradient is applied
+    done_steps = step + 1 if steps > start else start
+    ctx.fence(done_steps)                              # every staged gradient is applied
     result = evaluate(model, data, comm, device)
     stale = ctx.control.staleness
     all_stale = comm.gather(stale, root=0)
@@ -247,7 +327,11 @@ def _work(cfg, ctx, data, tables, steps):
     if not lead:
         return None
     flat = [s for part in all_stale for s in part]
-    final = {**result, "steps": steps, "samples_per_s": steps * B / max(elapsed, 1e-9),
+    ran = done_steps - start
+    final = {**result, "steps": done_steps, "start_step": start, "stopped": stopped,
+             "checkpoints": ckpt.committed if ckpt is not None else [],
+             "checkpoint_stall_s": max(ckpt.stall_seconds) if ckpt is not None and ckpt.stall_seconds else 0.0,
+             "samples_per_s": ran * B / max(elapsed, 1e-9),
              "elapsed_s": elapsed, "num_ps": ctx.num_ps, "num_workers": W, "mode": ctx.mode,
              "max_staleness": max(flat) if flat else 0, "data": data.stats}
     log.write({"final": final})

@@ -37,7 +37,7 @@ def mpi_env(extra=None) -> dict:
 
 
 def run_mpi(n: int, argv, timeout: float = 120, env=None, mpi4py_run: bool = True,
-            check: bool = True) -> subprocess.CompletedProcess:
+            check: bool = True, preexec=None) -> subprocess.CompletedProcess:
     """Run ``mpiexec -n n python [-m mpi4py] argv...``; kill the whole process group on timeout."""
     if isinstance(argv, (str, Path)):
         argv = [argv]
@@ -49,7 +49,7 @@ def run_mpi(n: int, argv, timeout: float = 120, env=None, mpi4py_run: bool = Tru
         cmd += ["-m", "mpi4py"]
     cmd += argv
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=mpi_env(env), cwd=ROOT, start_new_session=True)
+                            env=mpi_env(env), cwd=ROOT, start_new_session=True, preexec_fn=preexec)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -65,3 +65,46 @@ def run_mpi(n: int, argv, timeout: float = 120, env=None, mpi4py_run: bool = Tru
     if check and proc.returncode != 0:
         raise AssertionError(f"exit {proc.returncode}: {' '.join(cmd)}\n--- stdout\n{out}\n--- stderr\n{err}")
     return result
+
+
+def launch_mpi(n: int, argv, env=None, tag: str = "") -> subprocess.Popen:
+    """Start ``mpiexec -n n python -m mpi4py argv...`` in its own process group (caller must reap it).
+    ``tag`` marks every rank's environment so ``rank_pid`` can find them."""
+    argv = [str(a) for a in argv]
+    extra = dict(env or {})
+    if tag:
+        extra["HPCPS_TEST_TAG"] = tag
+    cmd = [mpiexec(), "-n", str(n), sys.executable, "-m", "mpi4py"] + argv
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=mpi_env(extra), cwd=ROOT, start_new_session=True)
+
+
+def rank_pid(tag: str, rank: int):
+    """PID of world rank ``rank`` of the launch tagged ``tag`` (MPICH/Open MPI put the rank in the
+    environment), or None."""
+    want_tag = f"HPCPS_TEST_TAG={tag}".encode()
+    ranks = (f"PMI_RANK={rank}".encode(), f"OMPI_COMM_WORLD_RANK={rank}".encode())
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            env = open(f"/proc/{d}/environ", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if want_tag in env and any(r in env for r in ranks) and b"python" in open(f"/proc/{d}/cmdline", "rb").read():
+            return int(d)
+    return None
+
+
+def reap(proc: subprocess.Popen, timeout: float = 60):
+    """Wait for a launch; kill its whole group if it overstays. Returns (returncode, stdout, stderr)."""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    return proc.returncode, out, err

@@ -60,6 +60,18 @@ class StepControl:
         self.staleness: list[int] = []   # worker, ssp/async: t - slowest clock at begin(t)
         self.wait_seconds = 0.0
 
+    def set_start(self, step: int) -> None:
+        """Every rank, before training resumes at ``step``: counters as if steps ``< step`` ran.
+        Collective over the world."""
+        W = self.ctx.num_workers
+        if self.ctx.is_ps:
+            mem = self._win.local(np.int64)
+            mem[0], mem[1] = step * W, step
+            mem[2:] = step
+            self._win.sync()
+        self.step = step
+        self.ctx.world.Barrier()
+
     # ------------------------------------------------------------ worker side
     def _read(self, rank: int, disp: int, count: int = 1) -> np.ndarray:
         win = self._win.win

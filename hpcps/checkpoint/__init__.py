@@ -1,0 +1,7 @@
+"""HDF5 checkpoints: consistent cuts at step boundaries, atomic commit, restart with resharding."""
+
+from .coordinator import Checkpointer, restore_dense, restore_tables
+from .store import list_checkpoints, newest_verified, read_manifest, resolve, verify
+
+__all__ = ["Checkpointer", "restore_tables", "restore_dense", "list_checkpoints", "newest_verified",
+           "read_manifest", "resolve", "verify"]

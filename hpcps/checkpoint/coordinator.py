@@ -1,0 +1,233 @@
+"""Taking a consistent checkpoint while training, and loading one at start.
+
+Protocol at a step boundary ``t`` (workers drive it, PS ranks follow from their serve loop):
+
+1. every worker: ``fence(t)``: every push of steps ``< t`` is applied on every PS;
+2. worker 0 creates ``step-t.tmp/`` and writes ``request = t`` into each PS's control words;
+3. each PS copies its shards and optimizer state to memory, publishes ``copied = t``, and
+   writes its HDF5 file from a background thread (``written = t``, or ``error = t``);
+4. workers wait for ``copied = t`` on every PS (training pauses only for the copies), then go on;
+   worker 0 copies the dense state and writes ``dense.h5`` from a thread;
+5. worker 0 commits (checksums, manifest, fsync, rename, ``latest``, prune) once every file is
+   written; the next checkpoint first waits for that.
+
+No push is half inside a checkpoint: between 1 and 4 no worker pushes.
+"""
+
+import logging
+import os
+import platform
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+from mpi4py import MPI
+
+from .._version import __version__
+from ..errors import HpcpsError
+from ..sparse.window import Window
+from . import store
+from .shards import load_rows, read_dense, shard_file, write_dense, write_shard
+
+__all__ = ["Checkpointer", "restore_tables", "restore_dense"]
+
+logger = logging.getLogger(__name__)
+REQUEST, COPIED, WRITTEN, ERROR = 0, 1, 2, 3
+
+
+class _Writer(threading.Thread):
+    def __init__(self, fn):
+        super().__init__(daemon=True)
+        self.fn, self.error = fn, None
+
+    def run(self):
+        try:
+            self.fn()
+        except Exception as e:          # noqa: BLE001 - reported by the protocol
+            self.error = e
+
+
+class Checkpointer:
+    """Checkpoint coordination for one job. Collective over the world (creates a window)."""
+
+    def __init__(self, ctx, tables, root, keep: int, compression: str, meta: dict):
+        self.ctx, self.tables, self.root = ctx, tables, Path(root)
+        self.keep, self.compression, self.meta = keep, compression, meta
+        self._win = Window(ctx.world, 32 if ctx.is_ps else 0, what="checkpoint control")
+        if ctx.is_ps:
+            self._win.local(np.int64)[:] = -1
+            self._win.sync()
+            ctx._service_hooks.append(self._ps_poll)
+        self._res = np.zeros(1, np.int64)
+        self._ign = np.zeros(1, np.int64)
+        self._handled = -1            # PS: last request served
+        self._writer = None           # PS or worker 0: the thread writing the current file
+        self._pending = None          # worker 0: step written but not committed yet
+        self.stall_seconds = []       # workers: pause per checkpoint
+        self.committed = []           # worker 0: committed steps
+        self.is_lead = ctx.is_worker and ctx.worker_rank == 0
+        ctx.world.Barrier()
+
+    # -------------------------------------------------------------- control words
+    def _get(self, rank, word):
+        win = self._win.win
+        win.Get_accumulate([self._ign, MPI.INT64_T], [self._res, MPI.INT64_T], rank,
+                           (word * 8, 1, MPI.INT64_T), op=MPI.NO_OP)
+        win.Flush(rank)
+        return int(self._res[0])
+
+    def _put(self, rank, word, value):
+        win = self._win.win
+        win.Accumulate([np.array([value], np.int64), MPI.INT64_T], rank, (word * 8, 1, MPI.INT64_T),
+                       op=MPI.REPLACE)
+        win.Flush(rank)
+
+    # -------------------------------------------------------------- PS side
+    def _ps_poll(self) -> None:
+        me = self.ctx.rank
+        if self._writer is not None and not self._writer.is_alive():
+            w, self._writer = self._writer, None
+            if w.error is not None:
+                logger.error("checkpoint at step %d: writing %s failed: %s", self._handled,
+                             shard_file(self.ctx.ps_rank), w.error)
+                self._put(me, ERROR, self._handled)
+            else:
+                self._put(me, WRITTEN, self._handled)
+        req = self._get(me, REQUEST)
+        if req <= self._handled or self._writer is not None or self.ctx.control.step < req:
+            return
+        snap = {}
+        for t in self.tables:
+            p = self.ctx.ps_rank
+            snap[t.name] = {"ids": t.sharding.global_ids(p), "weights": t.shard().copy(),
+                            "state": {k: v.copy() for k, v in t._state.items() if not k.startswith("_")},
+                            "applies": t._applies, "num_rows": t.num_rows, "dim": t.dim,
+                            "optimizer": repr(t.optimizer)}
+            if "_seen" in t._state:
+                snap[t.name]["state"]["momentum_seen"] = t._state["_seen"].astype(np.uint8)
+        self._handled = req
+        self._put(me, COPIED, req)
+        path = store.tmp_dir(self.root, req) / shard_file(self.ctx.ps_rank)
+        self._writer = _Writer(lambda: write_shard(path, req, self.ctx.ps_rank, self.ctx.num_ps, snap,
+                                                   self.compression))
+        self._writer.start()
+
+    # -------------------------------------------------------------- worker side
+    def checkpoint(self, step: int, model, optimizer) -> None:
+        """Take the checkpoint of the state after ``step`` steps. Collective over the worker communicator."""
+        self.wait_commit()
+        t0 = time.perf_counter()
+        self.ctx.fence(step)
+        ps_ranks = self.ctx.ps_world_ranks
+        if self.is_lead:
+            tmp = store.tmp_dir(self.root, step)
+            if tmp.exists():
+                shutil.rmtree(tmp)
+            tmp.mkdir(mode=store.DIR_MODE, parents=True)
+            for r in ps_ranks:
+                self._put(r, REQUEST, step)
+        for r in ps_ranks:
+            while self._get(r, COPIED) < step:
+                if self._get(r, ERROR) >= step:
+                    raise HpcpsError(f"checkpoint at step {step} failed on PS world rank {r} (see its log)")
+                os.sched_yield()
+        if self.is_lead:
+            import torch
+            model_state = {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
+            osd = optimizer.state_dict()
+            optim_state = {"state": {i: {k: (v.detach().cpu().numpy().copy() if torch.is_tensor(v) else v)
+                                         for k, v in st.items()} for i, st in osd["state"].items()},
+                           "param_groups": osd["param_groups"]}
+            extra = {"torch_rng": torch.get_rng_state().numpy(), "next_step": np.array(step)}
+            path = store.tmp_dir(self.root, step) / "dense.h5"
+            self._writer = _Writer(lambda: write_dense(path, step, model_state, optim_state, extra))
+            self._writer.start()
+            self._pending = step
+        self.stall_seconds.append(time.perf_counter() - t0)
+        self.ctx.worker_comm.Barrier()
+
+    def poll_commit(self, block: bool = False) -> bool:
+        """Worker 0: commit the checkpoint in flight once every file is written. Local."""
+        if not self.is_lead or self._pending is None:
+            return True
+        step = self._pending
+        while True:
+            done = self._writer is None or not self._writer.is_alive()
+            for r in self.ctx.ps_world_ranks:
+                if self._get(r, ERROR) >= step:
+                    raise HpcpsError(f"checkpoint at step {step}: PS world rank {r} could not write its "
+                                     f"file (see its log); the previous checkpoint is intact")
+                done = done and self._get(r, WRITTEN) >= step
+            if done:
+                break
+            if not block:
+                return False
+            time.sleep(0.001)
+        if self._writer is not None and self._writer.error is not None:
+            raise HpcpsError(f"checkpoint at step {step}: writing dense.h5 failed: {self._writer.error}; "
+                             f"the previous checkpoint is intact") from self._writer.error
+        self._writer = None
+        manifest = {**self.meta, "step": step, "time": time.time(), "num_ps": self.ctx.num_ps,
+                    "num_workers": self.ctx.num_workers,
+                    "tables": [{"name": t.name, "num_rows": t.num_rows, "dim": t.dim,
+                                "optimizer": repr(t.optimizer)} for t in self.tables],
+                    "sharding": "modulo", "host": platform.node(),
+                    "versions": _versions()}
+        store.commit(self.root, step, manifest, self.keep)
+        self.committed.append(step)
+        self._pending = None
+        logger.info("checkpoint step %d committed", step)
+        return True
+
+    def wait_commit(self) -> None:
+        """Worker 0 blocks until the checkpoint in flight is committed. Local."""
+        self.poll_commit(block=True)
+
+    def free(self) -> None:
+        """Collective over the world."""
+        self._win.free()
+
+
+def _versions() -> dict:
+    import h5py
+    import torch
+    return {"hpcps": __version__, "torch": torch.__version__, "h5py": h5py.__version__,
+            "numpy": np.__version__, "mpi": MPI.Get_library_version().splitlines()[0].strip()}
+
+
+def restore_tables(path, ctx, tables) -> int:
+    """PS ranks: load this rank's rows (any old num_ps) into the tables. Returns the step. Local."""
+    man = store.read_manifest(path)
+    specs = {t["name"]: t for t in man["tables"]}
+    for t in tables:
+        spec = specs.get(t.name)
+        if spec is None or spec["num_rows"] != t.num_rows or spec["dim"] != t.dim:
+            raise ValueError(f"checkpoint {path} has table {t.name!r} as {spec}, the job has "
+                             f"{t.num_rows} x {t.dim}")
+    if ctx.is_ps:
+        files = [Path(path) / shard_file(p) for p in range(man["num_ps"])]
+        for t in tables:
+            state = {k: v for k, v in t._state.items() if not k.startswith("_")}
+            seen = None
+            if "_seen" in t._state:
+                seen = np.zeros(t._state["_seen"].shape, np.uint8)
+                state["momentum_seen"] = seen
+            t._applies = load_rows(files, t.name, t.sharding.owner, ctx.num_ps, ctx.ps_rank, t.shard(), state)
+            if seen is not None:
+                t._state["_seen"][:] = seen.astype(bool)
+            t._data.sync()
+    return int(man["step"])
+
+
+def restore_dense(path, model, optimizer) -> None:
+    """Workers: load the dense model and optimizer state. Local."""
+    import torch
+    model_arrays, osd, extra = read_dense(Path(path) / "dense.h5")
+    model.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in model_arrays.items()}, strict=True)
+    state = {i: {k: torch.from_numpy(np.asarray(v)) if isinstance(v, np.ndarray) else v for k, v in st.items()}
+             for i, st in osd["state"].items()}
+    optimizer.load_state_dict({"state": state, "param_groups": osd["param_groups"]})
+    if "torch_rng" in extra:
+        torch.set_rng_state(torch.from_numpy(extra["torch_rng"]))

@@ -1,0 +1,161 @@
+"""Checkpoint directories on a (parallel) filesystem: layout, manifest, commit, verify, prune.
+
+    <dir>/step-000001200/          one committed checkpoint
+        manifest.json              step, time, num_ps, num_workers, tables, sharding,
+                                   files with SHA-256 and size, versions, config
+        ps-00000.h5 ...            one HDF5 file per PS rank (global ids, weights, state)
+        dense.h5                   dense model + optimizer state, RNG, reader positions
+    <dir>/step-000001200.tmp/      being written (ignored, removed on the next commit)
+    <dir>/latest                   name of the newest committed checkpoint
+
+A checkpoint is written under ``.tmp``, every file and the directory are
+fsynced, and one ``rename`` commits it; ``latest`` moves only after that, and
+older ones are pruned only after it. No MPI here: every function is local.
+"""
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+
+__all__ = ["step_dir", "tmp_dir", "list_checkpoints", "verify", "newest_verified", "commit", "resolve",
+           "read_manifest", "MANIFEST", "DIR_MODE", "FILE_MODE"]
+
+logger = logging.getLogger(__name__)
+MANIFEST = "manifest.json"
+DIR_MODE, FILE_MODE = 0o700, 0o600
+_NAME = re.compile(r"^step-(\d{9,})$")
+
+
+def step_dir(root, step: int) -> Path:
+    return Path(root) / f"step-{step:09d}"
+
+
+def tmp_dir(root, step: int) -> Path:
+    return Path(root) / f"step-{step:09d}.tmp"
+
+
+def sha256(path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def fsync_path(path) -> None:
+    """fsync a file or a directory."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def list_checkpoints(root) -> list[Path]:
+    """Committed checkpoint directories, oldest first (verification not implied)."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _NAME.match(p.name)) and p.is_dir()]
+    return [p for _, p in sorted(found)]
+
+
+def read_manifest(path) -> dict:
+    with open(Path(path) / MANIFEST) as f:
+        return json.load(f)
+
+
+def verify(path) -> tuple[bool, str]:
+    """(True, "ok") if the manifest reads and every file has its size and SHA-256, else (False, why)."""
+    path = Path(path)
+    try:
+        man = read_manifest(path)
+    except (OSError, ValueError) as e:
+        return False, f"{path.name}: manifest unreadable ({e})"
+    for name, meta in man.get("files", {}).items():
+        f = path / name
+        try:
+            size = f.stat().st_size
+        except OSError:
+            return False, f"{path.name}: {name} is missing"
+        if size != meta["bytes"]:
+            return False, f"{path.name}: {name} has {size} bytes, the manifest says {meta['bytes']} (truncated?)"
+        if sha256(f) != meta["sha256"]:
+            return False, f"{path.name}: {name} fails its SHA-256 check (corrupted)"
+    if not man.get("files"):
+        return False, f"{path.name}: the manifest lists no files"
+    return True, "ok"
+
+
+def newest_verified(root, report=None) -> Path | None:
+    """The newest checkpoint that verifies; each one that does not is reported and skipped."""
+    for path in reversed(list_checkpoints(root)):
+        ok, why = verify(path)
+        if ok:
+            return path
+        (report or logger.warning)(f"hpcps: skipping checkpoint {why}")
+    return None
+
+
+def resolve(spec: str, root) -> Path | None:
+    """``resume`` setting -> checkpoint to load: "auto" (newest verified in root, or None), "none",
+    or a path (a checkpoint, or a directory of them meaning its newest verified one). Raises
+    ``ValueError`` when an explicit path does not verify."""
+    if spec == "none":
+        return None
+    if spec == "auto":
+        return newest_verified(root) if root else None
+    p = Path(spec)
+    if (p / MANIFEST).exists():
+        ok, why = verify(p)
+        if not ok:
+            raise ValueError(f"checkpoint {p} does not verify: {why}")
+        return p
+    found = newest_verified(p)
+    if found is None:
+        raise ValueError(f"no verified checkpoint at {spec}")
+    return found
+
+
+def commit(root, step: int, manifest: dict, keep: int) -> Path:
+    """Checksum the files of ``tmp_dir(root, step)``, write the manifest, fsync, rename into
+    place, move ``latest``, then prune to the newest ``keep`` (0 = keep all)."""
+    tmp, final = tmp_dir(root, step), step_dir(root, step)
+    files = {}
+    for f in sorted(tmp.iterdir()):
+        if f.name == MANIFEST:
+            continue
+        fsync_path(f)
+        files[f.name] = {"bytes": f.stat().st_size, "sha256": sha256(f)}
+    manifest = {**manifest, "files": files, "committed_at": time.time()}
+    man = tmp / MANIFEST
+    with open(man, "w") as f:
+        json.dump(manifest, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.chmod(man, FILE_MODE)
+    fsync_path(tmp)
+    if final.exists():                       # a re-run reached the same step: replace it whole
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    fsync_path(root)
+    latest_tmp = Path(root) / "latest.tmp"
+    with open(latest_tmp, "w") as f:
+        f.write(final.name + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.chmod(latest_tmp, FILE_MODE)
+    os.replace(latest_tmp, Path(root) / "latest")
+    fsync_path(root)
+    if keep > 0:
+        for old in list_checkpoints(root)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    for stale in Path(root).glob("step-*.tmp"):
+        if stale != tmp:
+            shutil.rmtree(stale, ignore_errors=True)
+    return final

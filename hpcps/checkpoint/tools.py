@@ -1,0 +1,102 @@
+"""``hpcps ckpt ls|verify|inspect|export``: look at checkpoints without a job. Local."""
+
+import json
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from . import store
+from .shards import read_dense, shard_file
+
+__all__ = ["ls", "verify_cmd", "inspect", "export"]
+
+
+def _pick(path) -> Path:
+    """A checkpoint, or a directory of them meaning its newest verified one."""
+    p = Path(path)
+    if (p / store.MANIFEST).exists():
+        return p
+    found = store.newest_verified(p, report=lambda m: print(m))
+    if found is None:
+        raise ValueError(f"no verified checkpoint at {path}")
+    return found
+
+
+def ls(root) -> int:
+    rows = store.list_checkpoints(root)
+    if not rows:
+        print(f"no checkpoints in {root}")
+        return 1
+    latest = (Path(root) / "latest").read_text().strip() if (Path(root) / "latest").exists() else ""
+    for p in rows:
+        ok, why = store.verify(p)
+        try:
+            man = store.read_manifest(p)
+            size = sum(f["bytes"] for f in man["files"].values())
+            desc = f"step {man['step']:>9}  {man['num_ps']} PS  {man['num_workers']} workers  {size / 1e6:9.2f} MB"
+        except (OSError, ValueError, KeyError):
+            desc = "(no manifest)"
+        mark = "*" if p.name == latest else " "
+        print(f"{mark} {p.name}  {desc}  {'verified' if ok else 'BROKEN: ' + why}")
+    return 0
+
+
+def verify_cmd(path) -> int:
+    p = Path(path)
+    targets = [p] if (p / store.MANIFEST).exists() else store.list_checkpoints(p)
+    if not targets:
+        print(f"no checkpoints at {path}")
+        return 1
+    bad = 0
+    for t in targets:
+        ok, why = store.verify(t)
+        print(f"{t.name}: {'ok' if ok else why}")
+        bad += not ok
+    return 1 if bad else 0
+
+
+def inspect(path) -> int:
+    p = _pick(path)
+    man = store.read_manifest(p)
+    out = {"path": str(p), "step": man["step"], "num_ps": man["num_ps"], "num_workers": man["num_workers"],
+           "sharding": man["sharding"], "versions": man["versions"],
+           "tables": man["tables"], "files": {k: v["bytes"] for k, v in man["files"].items()}}
+    model, _, _ = read_dense(p / "dense.h5")
+    out["dense"] = {k: list(np.shape(v)) for k, v in model.items()}
+    print(json.dumps(out, indent=1))
+    return 0
+
+
+def _gather_tables(p, man):
+    tables = {}
+    for spec in man["tables"]:
+        tables[spec["name"]] = np.zeros((spec["num_rows"], spec["dim"]), np.float32)
+    for ps in range(man["num_ps"]):
+        with h5py.File(p / shard_file(ps), "r", locking=False) as f:
+            for name, arr in tables.items():
+                g = f[f"tables/{name}"]
+                arr[g["ids"][...]] = g["weights"][...]
+    return tables
+
+
+def export(path, out, fmt: str = "h5") -> int:
+    """One file: ``tables/<name>/weights`` [num_rows, dim] in global-id order and ``dense/<name>``."""
+    p = _pick(path)
+    man = store.read_manifest(p)
+    tables = _gather_tables(p, man)
+    model, _, _ = read_dense(p / "dense.h5")
+    if fmt == "torch":
+        import torch
+        sd = {f"tables.{k}.weight": torch.from_numpy(v) for k, v in tables.items()}
+        sd.update({k: torch.from_numpy(np.asarray(v)) for k, v in model.items()})
+        torch.save(sd, out)
+    else:
+        with h5py.File(out, "w", locking=False) as f:
+            f.attrs.update({"step": man["step"], "source": str(p)})
+            for k, v in tables.items():
+                f.create_dataset(f"tables/{k}/weights", data=v)
+            for k, v in model.items():
+                f.create_dataset(f"dense/{k}", data=v)
+    print(f"exported {p.name} (step {man['step']}) to {out}")
+    return 0

@@ -1,0 +1,200 @@
+"""Checkpoint and restart under a real mpiexec: resharding, kill -9, corruption, disk full, stop requests."""
+
+import json
+import os
+import random
+import signal
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from hpcps.checkpoint import store
+from mpirun import ROOT, launch_mpi, rank_pid, reap, run_mpi
+
+TINY = ROOT / "tests" / "configs" / "tiny_ctr.toml"
+BASE = ["optimizer.sparse.name=adam", "optimizer.sparse.lr=0.05", "metrics.progress=false"]
+
+
+def _train(n, sets, **kw):
+    return run_mpi(n, ["-m", "hpcps", "train", "--config", TINY, "--set", *BASE, *sets], **kw)
+
+
+def _final(stdout):
+    return [json.loads(l) for l in stdout.splitlines() if l.startswith('{"final"')][-1]["final"]
+
+
+def _close(a, b, tol=2e-5):
+    a, b = np.load(a), np.load(b)
+    assert set(a.files) == set(b.files)
+    worst = max(float(np.abs(a[k] - b[k]).max()) for k in a.files)
+    assert worst < tol, worst
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    """The uninterrupted 30-step runs the restarted ones must match (adam; momentum)."""
+    d = tmp_path_factory.mktemp("straight")
+    out = {}
+    for opt in ("adam", "momentum"):
+        _train(4, [f"optimizer.sparse.name={opt}", f"job.export={d / opt}.npz"])
+        out[opt] = d / f"{opt}.npz"
+    return out
+
+
+@pytest.mark.parametrize("opt,first,second", [
+    ("adam", (5, 2), (6, 3)),            # 2 PS -> 3 PS
+    ("momentum", (5, 3), (3, 1)),        # 3 PS -> 1 PS (momentum buffers and first-step flags move too)
+    ("adam", (4, 1), (3, 1)),            # 3 workers -> 2
+])
+def test_half_then_restart_equals_straight(tmp_path, straight, opt, first, second):
+    ck = tmp_path / "ck"
+    sets = [f"optimizer.sparse.name={opt}", f"checkpoint.dir={ck}"]
+    r = _train(first[0], sets + [f"job.num_ps={first[1]}", "job.steps=15"])
+    assert _final(r.stdout)["checkpoints"] == [15]
+    r = _train(second[0], sets + [f"job.num_ps={second[1]}", f"job.export={tmp_path / 'w.npz'}"])
+    f = _final(r.stdout)
+    assert f["start_step"] == 15 and f["steps"] == 30 and f["num_ps"] == second[1]
+    assert "resuming from" in r.stderr and "step-000000015" in r.stderr
+    _close(tmp_path / "w.npz", straight[opt])
+
+
+@pytest.mark.parametrize("victim", ["worker", "ps"])
+def test_kill_9_then_same_command_equals_straight(tmp_path, straight, victim):
+    ck = tmp_path / "ck"
+    argv = ["-m", "hpcps", "train", "--config", TINY, "--set", *BASE, f"checkpoint.dir={ck}",
+            "checkpoint.every_steps=3", f"job.export={tmp_path / 'w.npz'}"]
+    tag = f"kill-{victim}-{os.getpid()}"
+    proc = launch_mpi(4, argv + ["job.steps=30"], env={"HPCPS_STEP_DELAY": "0.05"}, tag=tag)
+    deadline = time.time() + 60
+    while time.time() < deadline and len(store.list_checkpoints(ck)) < 1:
+        time.sleep(0.05)
+    time.sleep(random.uniform(0.0, 0.4))                     # a random step after the first checkpoint
+    pid = rank_pid(tag, 3 if victim == "ps" else 1)          # rank 3 is the PS of 4 ranks
+    assert pid, "rank not found"
+    os.kill(pid, signal.SIGKILL)
+    code, out, err = reap(proc)
+    assert code != 0 and not (tmp_path / "w.npz").exists()   # it really died before the end
+    r = run_mpi(4, argv + ["job.steps=30"], timeout=120)     # the same command again
+    f = _final(r.stdout)
+    assert 0 < f["start_step"] < 30
+    _close(tmp_path / "w.npz", straight["adam"])
+
+
+def test_kill_9_during_checkpoint_writes_never_leaves_a_corrupt_checkpoint(tmp_path):
+    ck = tmp_path / "ck"
+    argv = ["-m", "hpcps", "train", "--config", TINY, "--set", *BASE, f"checkpoint.dir={ck}",
+            "checkpoint.every_steps=1", "checkpoint.keep=2", "job.steps=100000", "data.rows_per_table=200000"]
+    rng = random.Random(1)
+    loads = 0
+    for trial in range(20):
+        proc = launch_mpi(3, argv, tag=f"ckw-{trial}")
+        t0 = time.time()
+        while time.time() - t0 < 60 and not list(ck.glob("step-*")):
+            time.sleep(0.02)
+        time.sleep(rng.uniform(0.0, 1.0))
+        os.killpg(proc.pid, signal.SIGKILL)                  # every rank at once, mid-write or not
+        reap(proc)
+        for p in store.list_checkpoints(ck):                 # every committed checkpoint verifies
+            assert store.verify(p) == (True, "ok"), p
+        if trial % 5 == 4:                                    # and a restart loads one
+            r = run_mpi(3, argv[:-2] + ["job.steps=1", "data.rows_per_table=200000", "checkpoint.resume=auto",
+                                         "checkpoint.every_steps=0"], timeout=120, check=False)
+            assert r.returncode == 0, r.stderr[-2000:]
+            f = _final(r.stdout)
+            loads += f["start_step"] >= 1
+    assert loads >= 1
+
+
+def test_corrupt_newest_falls_back_to_older(tmp_path):
+    ck = tmp_path / "ck"
+    _train(4, [f"checkpoint.dir={ck}", "checkpoint.every_steps=10", "job.steps=20"])
+    newest = store.step_dir(ck, 20)
+    shard = newest / "ps-00000.h5"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    shard.write_bytes(bytes(data))
+    r = _train(4, [f"checkpoint.dir={ck}", "job.steps=25"])
+    assert "step-000000020" in r.stderr and "SHA-256" in r.stderr
+    assert _final(r.stdout)["start_step"] == 10
+    r = _train(4, [f"checkpoint.resume={newest}", "job.steps=25"], check=False, timeout=60)
+    assert r.returncode != 0 and "does not verify" in r.stderr
+
+
+def test_disk_full_is_a_clear_error_and_keeps_the_previous_checkpoint(tmp_path):
+    import subprocess
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    # a filesystem with room for one checkpoint of this job but not two (CI runs as root)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=200k", "tmpfs", str(ck)], check=True)
+    try:
+        _train(4, [f"checkpoint.dir={ck}", "job.steps=10"])
+        before = store.step_dir(ck, 10)
+        assert 100_000 < sum(p.stat().st_size for p in before.iterdir()) < 200_000
+        r = _train(4, [f"checkpoint.dir={ck}", "job.steps=20"], check=False, timeout=120)
+        assert r.returncode != 0
+        assert "checkpoint at step 20" in r.stderr and "previous checkpoint is intact" in r.stderr
+        assert "No space left on device" in r.stderr or "errno = 28" in r.stderr
+        assert store.verify(before) == (True, "ok")
+        assert (ck / "latest").read_text().strip() == before.name
+        assert store.list_checkpoints(ck) == [before]
+    finally:
+        subprocess.run(["umount", "-l", str(ck)], check=False)
+
+
+@pytest.mark.parametrize("how", ["sigusr1", "stop-file"])
+def test_stop_request_checkpoints_and_exits_85(tmp_path, straight, how):
+    ck = tmp_path / "ck"
+    argv = ["-m", "hpcps", "train", "--config", TINY, "--set", *BASE, f"checkpoint.dir={ck}",
+            "checkpoint.every_steps=5", f"job.export={tmp_path / 'w.npz'}"]
+    tag = f"stop-{how}-{os.getpid()}"
+    proc = launch_mpi(4, argv + ["job.steps=30"], env={"HPCPS_STEP_DELAY": "0.1"}, tag=tag)
+    deadline = time.time() + 60
+    while time.time() < deadline and not store.list_checkpoints(ck):
+        time.sleep(0.05)                                     # training is under way
+    if how == "sigusr1":
+        for rank in range(4):
+            pid = rank_pid(tag, rank)
+            if pid:
+                os.kill(pid, signal.SIGUSR1)
+    else:
+        ck.mkdir(exist_ok=True)
+        (ck / "STOP").write_text("")
+    code, out, err = reap(proc, timeout=90)
+    assert code == 85, err[-2000:]
+    f = _final(out)
+    assert f["stopped"] and 5 <= f["steps"] < 30 and f["checkpoints"][-1] == f["steps"]
+    (ck / "STOP").unlink(missing_ok=True)
+    r = run_mpi(4, argv + ["job.steps=30"], timeout=120)
+    assert _final(r.stdout)["start_step"] == f["steps"]
+    _close(tmp_path / "w.npz", straight["adam"])
+
+
+def test_ckpt_tools(tmp_path):
+    import subprocess
+    import sys
+    ck = tmp_path / "ck"
+    _train(4, [f"checkpoint.dir={ck}", "checkpoint.every_steps=10", "job.steps=20",
+               f"job.export={tmp_path / 'w.npz'}"])
+    run = lambda *a: subprocess.run([sys.executable, "-m", "hpcps", "ckpt", *map(str, a)],  # noqa: E731
+                                    capture_output=True, text=True)
+    ls = run("ls", ck)
+    assert ls.returncode == 0 and "step-000000010" in ls.stdout and "* step-000000020" in ls.stdout
+    assert run("verify", ck).returncode == 0
+    info = json.loads(run("inspect", ck).stdout)
+    assert info["step"] == 20 and [t["name"] for t in info["tables"]] == ["cat0", "cat1", "cat2"]
+    assert run("export", ck, "--out", tmp_path / "e.h5").returncode == 0
+    w = np.load(tmp_path / "w.npz")
+    with h5py.File(tmp_path / "e.h5", "r") as f:
+        for name in ("cat0", "cat1", "cat2"):
+            np.testing.assert_array_equal(f[f"tables/{name}/weights"][...], w[f"tables/{name}"])
+        np.testing.assert_array_equal(f["dense/top.0.weight"][...], w["dense/top.0.weight"])
+    assert run("export", ck, "--out", tmp_path / "e.pt", "--format", "torch").returncode == 0
+    import torch
+    sd = torch.load(tmp_path / "e.pt")
+    assert sd["tables.cat1.weight"].shape == (300, 4)
+    (store.step_dir(ck, 20) / "dense.h5").write_bytes(b"broken")
+    v = run("verify", ck)
+    assert v.returncode == 1 and "step-000000020" in v.stdout

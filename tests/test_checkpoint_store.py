@@ -1,0 +1,69 @@
+"""Checkpoint directories without MPI: commit, verify, fall back, prune, permissions."""
+
+import json
+import os
+import stat
+
+import pytest
+
+from hpcps.checkpoint import store
+
+
+def _make(root, step, payload=b"x" * 1000):
+    tmp = store.tmp_dir(root, step)
+    tmp.mkdir(parents=True)
+    (tmp / "ps-00000.h5").write_bytes(payload)
+    (tmp / "dense.h5").write_bytes(b"dense" * 10)
+    return store.commit(root, step, {"step": step, "num_ps": 1, "num_workers": 1, "tables": []}, keep=0)
+
+
+def test_commit_layout_latest_and_modes(tmp_path):
+    p = _make(tmp_path, 10)
+    assert p == store.step_dir(tmp_path, 10) and p.is_dir() and not store.tmp_dir(tmp_path, 10).exists()
+    assert (tmp_path / "latest").read_text().strip() == p.name
+    man = json.loads((p / "manifest.json").read_text())
+    assert set(man["files"]) == {"ps-00000.h5", "dense.h5"} and man["step"] == 10
+    assert store.verify(p) == (True, "ok")
+    assert stat.S_IMODE(os.stat(p / "manifest.json").st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(tmp_path / "latest").st_mode) == 0o600
+
+
+def test_truncated_and_flipped_files_are_detected_and_older_used(tmp_path):
+    _make(tmp_path, 10)
+    newest = _make(tmp_path, 20)
+    shard = newest / "ps-00000.h5"
+    data = bytearray(shard.read_bytes())
+    data[500] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    ok, why = store.verify(newest)
+    assert not ok and "SHA-256" in why
+    shard.write_bytes(bytes(data[:300]))
+    ok, why = store.verify(newest)
+    assert not ok and "truncated" in why
+    seen = []
+    assert store.newest_verified(tmp_path, report=seen.append) == store.step_dir(tmp_path, 10)
+    assert len(seen) == 1 and "step-000000020" in seen[0]
+    (newest / "dense.h5").unlink()
+    assert "missing" in store.verify(newest)[1]
+    with pytest.raises(ValueError, match="does not verify"):
+        store.resolve(str(newest), tmp_path)
+    assert store.resolve("auto", tmp_path) == store.step_dir(tmp_path, 10)
+    assert store.resolve("none", tmp_path) is None
+
+
+def test_uncommitted_tmp_is_ignored_and_cleaned(tmp_path):
+    _make(tmp_path, 10)
+    store.tmp_dir(tmp_path, 20).mkdir()                    # a write that died before its commit
+    assert store.list_checkpoints(tmp_path) == [store.step_dir(tmp_path, 10)]
+    _make(tmp_path, 30)
+    assert not store.tmp_dir(tmp_path, 20).exists()
+
+
+def test_prune_only_after_commit_keeps_newest(tmp_path):
+    for s in (1, 2, 3):
+        _make(tmp_path, s)
+    tmp = store.tmp_dir(tmp_path, 4)
+    tmp.mkdir()
+    (tmp / "dense.h5").write_bytes(b"d")
+    store.commit(tmp_path, 4, {"step": 4}, keep=2)
+    assert [p.name for p in store.list_checkpoints(tmp_path)] == ["step-000000003", "step-000000004"]
