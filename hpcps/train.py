@@ -230,7 +230,7 @@ def _work(cfg, ctx, data, tables, steps, start=0, resume_from=None, ckpt=None, s
     sched = dense_schedule(cfg.optimizer.dense, steps)
     base_lrs = [g["lr"] for g in opt.param_groups]
     if resume_from is not None:
-        ckpt_mod.restore_dense(resume_from, model, opt)
+        ckpt_mod.restore_dense(resume_from, model, opt, ctx.worker_rank)
         for g, lr in zip(opt.param_groups, base_lrs):
             g["lr"] = lr
     c = cfg.checkpoint

@@ -198,3 +198,15 @@ def test_ckpt_tools(tmp_path):
     (store.step_dir(ck, 20) / "dense.h5").write_bytes(b"broken")
     v = run("verify", ck)
     assert v.returncode == 1 and "step-000000020" in v.stdout
+
+
+def test_time_trigger_and_keep(tmp_path):
+    ck = tmp_path / "ck"
+    r = _train(4, [f"checkpoint.dir={ck}", "checkpoint.every_seconds=0.5", "checkpoint.keep=2", "job.steps=30"],
+               env={"HPCPS_STEP_DELAY": "0.1"})
+    f = _final(r.stdout)
+    assert len(f["checkpoints"]) >= 3 and f["checkpoints"][-1] == 30      # timed ones, then the final one
+    assert [p.name for p in store.list_checkpoints(ck)] == [f"step-{s:09d}" for s in f["checkpoints"][-2:]]
+    with h5py.File(store.step_dir(ck, 30) / "dense.h5", "r") as d:
+        assert d["extra/torch_rng"].shape[0] == 3                          # every worker's RNG state
+        assert list(d["extra/worker_positions"][...]) == [30, 30, 30]

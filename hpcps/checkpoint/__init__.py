@@ -1,5 +1,9 @@
 """HDF5 checkpoints: consistent cuts at step boundaries, atomic commit, restart with resharding."""
 
+import os
+
+os.environ.setdefault("HDF5_USE_FILE_LOCKING", "FALSE")   # Lustre/NFS locking errors; must precede h5py
+
 from .coordinator import Checkpointer, restore_dense, restore_tables
 from .store import list_checkpoints, newest_verified, read_manifest, resolve, verify
 

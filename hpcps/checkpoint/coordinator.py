@@ -128,19 +128,21 @@ class Checkpointer:
             tmp.mkdir(mode=store.DIR_MODE, parents=True)
             for r in ps_ranks:
                 self._put(r, REQUEST, step)
+        import torch
+        rngs = self.ctx.worker_comm.gather(torch.get_rng_state().numpy(), root=0)
         for r in ps_ranks:
             while self._get(r, COPIED) < step:
                 if self._get(r, ERROR) >= step:
                     raise HpcpsError(f"checkpoint at step {step} failed on PS world rank {r} (see its log)")
                 os.sched_yield()
         if self.is_lead:
-            import torch
             model_state = {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
             osd = optimizer.state_dict()
             optim_state = {"state": {i: {k: (v.detach().cpu().numpy().copy() if torch.is_tensor(v) else v)
                                          for k, v in st.items()} for i, st in osd["state"].items()},
                            "param_groups": osd["param_groups"]}
-            extra = {"torch_rng": torch.get_rng_state().numpy(), "next_step": np.array(step)}
+            extra = {"torch_rng": np.stack(rngs), "next_step": np.array(step),
+                     "worker_positions": np.full(self.ctx.num_workers, step, np.int64)}
             path = store.tmp_dir(self.root, step) / "dense.h5"
             self._writer = _Writer(lambda: write_dense(path, step, model_state, optim_state, extra))
             self._writer.start()
@@ -221,13 +223,17 @@ def restore_tables(path, ctx, tables) -> int:
     return int(man["step"])
 
 
-def restore_dense(path, model, optimizer) -> None:
-    """Workers: load the dense model and optimizer state. Local."""
+def restore_dense(path, model, optimizer, rank: int | None = None) -> None:
+    """Workers: load the dense model and optimizer state, and worker ``rank``'s torch RNG. Local.
+
+    Data positions need no restoring: global batch ``t`` is a pure function of ``t``, so a job
+    resumed at step ``t`` (with any number of workers) reads exactly the samples not yet seen."""
     import torch
     model_arrays, osd, extra = read_dense(Path(path) / "dense.h5")
     model.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in model_arrays.items()}, strict=True)
     state = {i: {k: torch.from_numpy(np.asarray(v)) if isinstance(v, np.ndarray) else v for k, v in st.items()}
              for i, st in osd["state"].items()}
     optimizer.load_state_dict({"state": state, "param_groups": osd["param_groups"]})
-    if "torch_rng" in extra:
-        torch.set_rng_state(torch.from_numpy(extra["torch_rng"]))
+    rngs = extra.get("torch_rng")
+    if rngs is not None and rank is not None and rngs.ndim == 2 and rank < rngs.shape[0]:
+        torch.set_rng_state(torch.from_numpy(rngs[rank].copy()))   # same worker count: its own stream
