@@ -102,6 +102,7 @@ class CheckpointConfig:
     keep: int = 3               # committed checkpoints kept (0 = all)
     resume: str = "auto"        # auto (newest verified in dir) | none | PATH
     compression: str = ""       # "" | gzip | lzf
+    full_every: int = 1         # a full checkpoint every K; the ones between hold only changed rows
 
 
 @dataclass
@@ -288,6 +289,7 @@ def validate(cfg: Config) -> None:
     c = cfg.checkpoint
     _check(c.every_steps >= 0 and c.every_seconds >= 0, "checkpoint.every_steps", c.every_steps, "must be >= 0")
     _check(c.keep >= 0, "checkpoint.keep", c.keep, "must be >= 0")
+    _check(c.full_every >= 1, "checkpoint.full_every", c.full_every, "must be >= 1")
     _check(c.compression in ("", "gzip", "lzf"), "checkpoint.compression", c.compression, "must be '', gzip or lzf")
     if c.resume not in ("auto", "none"):
         _check(Path(c.resume).exists(), "checkpoint.resume", c.resume, "no such checkpoint")

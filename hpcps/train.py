@@ -177,17 +177,18 @@ def train(cfg: Config) -> dict | None:
         data = make_data(cfg.data, cfg.job.seed, W, max(ctx.worker_rank, 0))
         steps = total_steps(cfg, data)
         sparse_opt = build_sparse_optimizer(cfg.optimizer.sparse, steps)
-        tables = [EmbeddingTable(ctx, name, rows, dim, optimizer=sparse_opt, seed=cfg.job.seed,
-                                 init_scale=scale, transport=cfg.job.transport)
-                  for name, rows, dim, scale in table_specs(cfg, data)]
         c = cfg.checkpoint
+        tables = [EmbeddingTable(ctx, name, rows, dim, optimizer=sparse_opt, seed=cfg.job.seed,
+                                 init_scale=scale, transport=cfg.job.transport,
+                                 track_dirty=bool(c.dir) and c.full_every > 1)
+                  for name, rows, dim, scale in table_specs(cfg, data)]
         stop = _StopRequest(c.dir)
         ckpt, resume_from, start = None, None, 0
         if c.dir:
             if world.Get_rank() == 0:
                 Path(c.dir).mkdir(mode=ckpt_mod.store.DIR_MODE, parents=True, exist_ok=True)
             ckpt = ckpt_mod.Checkpointer(ctx, tables, c.dir, c.keep, c.compression,
-                                         {"config": cfg.to_dict()})
+                                         {"config": cfg.to_dict()}, full_every=c.full_every)
             ctx._resources.append(ckpt)
         if c.resume != "none" and (c.dir or c.resume != "auto"):
             found = None
@@ -200,15 +201,19 @@ def train(cfg: Config) -> dict | None:
             if isinstance(found, ValueError):
                 raise found
             resume_from = found
+        t_restore = time.perf_counter()
         if resume_from is not None:
             start = ckpt_mod.restore_tables(resume_from, ctx, tables)
             if world.Get_rank() == 0:
                 logger.warning("hpcps: resuming from %s (step %d)", resume_from, start)
-        ctx.control.set_start(start)
+        ctx.control.set_start(start)                   # a barrier: every PS has its rows
+        restore_s = time.perf_counter() - t_restore if resume_from is not None else 0.0
         if ctx.is_ps:
             ctx.serve()
         else:
             summary = _work(cfg, ctx, data, tables, steps, start, resume_from, ckpt, stop)
+            if summary is not None:
+                summary["restore_s"] = restore_s
         first_worker = ctx.worker_world_ranks[0]
     return world.bcast(summary, root=first_worker)
 
@@ -330,6 +335,7 @@ def _work(cfg, ctx, data, tables, steps, start=0, resume_from=None, ckpt=None, s
     ran = done_steps - start
     final = {**result, "steps": done_steps, "start_step": start, "stopped": stopped,
              "checkpoints": ckpt.committed if ckpt is not None else [],
+             "checkpoint_timings": ckpt.timings if ckpt is not None else [],
              "checkpoint_stall_s": max(ckpt.stall_seconds) if ckpt is not None and ckpt.stall_seconds else 0.0,
              "samples_per_s": ran * B / max(elapsed, 1e-9),
              "elapsed_s": elapsed, "num_ps": ctx.num_ps, "num_workers": W, "mode": ctx.mode,

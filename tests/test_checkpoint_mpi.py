@@ -210,3 +210,29 @@ def test_time_trigger_and_keep(tmp_path):
     with h5py.File(store.step_dir(ck, 30) / "dense.h5", "r") as d:
         assert d["extra/torch_rng"].shape[0] == 3                          # every worker's RNG state
         assert list(d["extra/worker_positions"][...]) == [30, 30, 30]
+
+
+@pytest.mark.parametrize("n,ps", [(4, 1), (5, 2)])
+def test_incremental_checkpoints_restore_bit_identical(tmp_path, n, ps):
+    import subprocess
+    import sys
+    ck = tmp_path / "ck"
+    sets = [f"checkpoint.dir={ck}", "checkpoint.every_steps=5", "checkpoint.full_every=3", "checkpoint.keep=2",
+            "data.rows_per_table=20000", f"job.num_ps={ps}", "job.transport=" + ("rma" if ps == 2 else "auto")]
+    r = _train(n, sets + ["job.steps=30", f"job.export={tmp_path / 'w.npz'}"])
+    assert _final(r.stdout)["checkpoints"] == [5, 10, 15, 20, 25, 30]
+    kinds = {p.name: store.read_manifest(p)["kind"] for p in store.list_checkpoints(ck)}
+    # keep=2 keeps 25 and 30 and the full baseline 20 they build on
+    assert kinds == {"step-000000020": "full", "step-000000025": "delta", "step-000000030": "delta"}
+    full = sum(f.stat().st_size for f in store.step_dir(ck, 20).glob("ps-*.h5"))
+    delta = sum(f.stat().st_size for f in store.step_dir(ck, 30).glob("ps-*.h5"))
+    assert full > 6 * delta, (full, delta)
+    subprocess.run([sys.executable, "-m", "hpcps", "ckpt", "export", str(ck), "--out", str(tmp_path / "e.h5")],
+                   check=True, capture_output=True)
+    w = np.load(tmp_path / "w.npz")
+    with h5py.File(tmp_path / "e.h5", "r") as f:
+        for name in ("cat0", "cat1", "cat2"):
+            np.testing.assert_array_equal(f[f"tables/{name}/weights"][...], w[f"tables/{name}"])  # bit-identical
+    (store.step_dir(ck, 20) / "ps-00000.h5").write_bytes(b"gone")     # break the baseline: the chain fails
+    assert not store.verify_chain(store.step_dir(ck, 30))[0]
+    assert store.newest_verified(ck, report=lambda m: None) is None

@@ -34,7 +34,7 @@ from .shards import load_rows, read_dense, shard_file, write_dense, write_shard
 __all__ = ["Checkpointer", "restore_tables", "restore_dense"]
 
 logger = logging.getLogger(__name__)
-REQUEST, COPIED, WRITTEN, ERROR = 0, 1, 2, 3
+REQUEST, COPIED, WRITTEN, ERROR, KIND = 0, 1, 2, 3, 4      # control words; KIND: 0 full, 1 delta
 
 
 class _Writer(threading.Thread):
@@ -52,10 +52,16 @@ class _Writer(threading.Thread):
 class Checkpointer:
     """Checkpoint coordination for one job. Collective over the world (creates a window)."""
 
-    def __init__(self, ctx, tables, root, keep: int, compression: str, meta: dict):
+    def __init__(self, ctx, tables, root, keep: int, compression: str, meta: dict, full_every: int = 1):
         self.ctx, self.tables, self.root = ctx, tables, Path(root)
         self.keep, self.compression, self.meta = keep, compression, meta
-        self._win = Window(ctx.world, 32 if ctx.is_ps else 0, what="checkpoint control")
+        self.full_every = max(1, int(full_every))   # 1: every checkpoint is full
+        if self.full_every > 1 and not all(t.track_dirty for t in tables):
+            raise ValueError("incremental checkpoints need tables created with track_dirty=True")
+        self._since_full = None                     # worker 0: checkpoints since the last full one
+        self._last = None                           # worker 0: name of the last committed checkpoint
+        self._base = None                           # worker 0: name of the last full checkpoint
+        self._win = Window(ctx.world, 40 if ctx.is_ps else 0, what="checkpoint control")
         if ctx.is_ps:
             self._win.local(np.int64)[:] = -1
             self._win.sync()
@@ -66,6 +72,8 @@ class Checkpointer:
         self._writer = None           # PS or worker 0: the thread writing the current file
         self._pending = None          # worker 0: step written but not committed yet
         self.stall_seconds = []       # workers: pause per checkpoint
+        self.timings = []             # worker 0: {"step", "kind", "bytes", "stall_s", "write_s"} per commit
+        self._started = {}            # worker 0: step -> time of its request
         self.committed = []           # worker 0: committed steps
         self.is_lead = ctx.is_worker and ctx.worker_rank == 0
         ctx.world.Barrier()
@@ -98,15 +106,22 @@ class Checkpointer:
         req = self._get(me, REQUEST)
         if req <= self._handled or self._writer is not None or self.ctx.control.step < req:
             return
+        delta = self._get(me, KIND) == 1
         snap = {}
         for t in self.tables:
             p = self.ctx.ps_rank
-            snap[t.name] = {"ids": t.sharding.global_ids(p), "weights": t.shard().copy(),
-                            "state": {k: v.copy() for k, v in t._state.items() if not k.startswith("_")},
+            dirty = t.take_dirty() if t.track_dirty else None    # workers are paused: no new marks
+            rows = dirty if delta else slice(None)
+            ids = t.sharding.global_ids(p)
+            snap[t.name] = {"ids": ids[rows], "weights": t.shard()[rows],
+                            "state": {k: v[rows] for k, v in t._state.items() if not k.startswith("_")},
                             "applies": t._applies, "num_rows": t.num_rows, "dim": t.dim,
                             "optimizer": repr(t.optimizer)}
             if "_seen" in t._state:
-                snap[t.name]["state"]["momentum_seen"] = t._state["_seen"].astype(np.uint8)
+                snap[t.name]["state"]["momentum_seen"] = t._state["_seen"][rows].astype(np.uint8)
+            if not delta:                                       # fancy indexing above copied; slices did not
+                snap[t.name]["weights"] = snap[t.name]["weights"].copy()
+                snap[t.name]["state"] = {k: v.copy() for k, v in snap[t.name]["state"].items()}
         self._handled = req
         self._put(me, COPIED, req)
         path = store.tmp_dir(self.root, req) / shard_file(self.ctx.ps_rank)
@@ -126,7 +141,11 @@ class Checkpointer:
             if tmp.exists():
                 shutil.rmtree(tmp)
             tmp.mkdir(mode=store.DIR_MODE, parents=True)
+            self._started[step] = time.perf_counter()
+            delta = self._since_full is not None and self._since_full + 1 < self.full_every
+            self._kind = "delta" if delta else "full"
             for r in ps_ranks:
+                self._put(r, KIND, 1 if delta else 0)
                 self._put(r, REQUEST, step)
         import torch
         rngs = self.ctx.worker_comm.gather(torch.get_rng_state().numpy(), root=0)
@@ -171,14 +190,26 @@ class Checkpointer:
             raise HpcpsError(f"checkpoint at step {step}: writing dense.h5 failed: {self._writer.error}; "
                              f"the previous checkpoint is intact") from self._writer.error
         self._writer = None
-        manifest = {**self.meta, "step": step, "time": time.time(), "num_ps": self.ctx.num_ps,
+        name = store.step_dir(self.root, step).name
+        kind = self._kind
+        link = {"kind": kind, "parent": self._last if kind == "delta" else None,
+                "base": self._base if kind == "delta" else name}
+        manifest = {**self.meta, **link, "step": step, "time": time.time(), "num_ps": self.ctx.num_ps,
                     "num_workers": self.ctx.num_workers,
                     "tables": [{"name": t.name, "num_rows": t.num_rows, "dim": t.dim,
                                 "optimizer": repr(t.optimizer)} for t in self.tables],
                     "sharding": "modulo", "host": platform.node(),
                     "versions": _versions()}
-        store.commit(self.root, step, manifest, self.keep)
+        final = store.commit(self.root, step, manifest, self.keep)
         self.committed.append(step)
+        nbytes = sum(f["bytes"] for f in store.read_manifest(final)["files"].values())
+        self.timings.append({"step": step, "kind": kind, "bytes": nbytes, "stall_s": self.stall_seconds[-1],
+                             "write_s": time.perf_counter() - self._started.pop(step)})
+        self._last = name
+        if kind == "full":
+            self._base, self._since_full = name, 0
+        else:
+            self._since_full += 1
         self._pending = None
         logger.info("checkpoint step %d committed", step)
         return True
@@ -200,7 +231,9 @@ def _versions() -> dict:
 
 
 def restore_tables(path, ctx, tables) -> int:
-    """PS ranks: load this rank's rows (any old num_ps) into the tables. Returns the step. Local."""
+    """PS ranks: load this rank's rows (any old num_ps) into the tables, following an incremental
+    checkpoint back to its full baseline. Returns the step. Local."""
+    links = store.chain(path)
     man = store.read_manifest(path)
     specs = {t["name"]: t for t in man["tables"]}
     for t in tables:
@@ -209,14 +242,17 @@ def restore_tables(path, ctx, tables) -> int:
             raise ValueError(f"checkpoint {path} has table {t.name!r} as {spec}, the job has "
                              f"{t.num_rows} x {t.dim}")
     if ctx.is_ps:
-        files = [Path(path) / shard_file(p) for p in range(man["num_ps"])]
         for t in tables:
             state = {k: v for k, v in t._state.items() if not k.startswith("_")}
             seen = None
             if "_seen" in t._state:
                 seen = np.zeros(t._state["_seen"].shape, np.uint8)
                 state["momentum_seen"] = seen
-            t._applies = load_rows(files, t.name, t.sharding.owner, ctx.num_ps, ctx.ps_rank, t.shard(), state)
+            for i, link in enumerate(links):
+                lm = store.read_manifest(link)
+                files = [Path(link) / shard_file(p) for p in range(lm["num_ps"])]
+                t._applies = load_rows(files, t.name, t.sharding.owner, ctx.num_ps, ctx.ps_rank, t.shard(),
+                                       state, complete=(i == 0))
             if seen is not None:
                 t._state["_seen"][:] = seen.astype(bool)
             t._data.sync()

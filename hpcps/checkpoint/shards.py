@@ -61,9 +61,11 @@ def write_shard(path, step: int, ps: int, num_ps: int, tables: dict, compression
                 _dataset(g, f"state/{k}", v, compression)
 
 
-def load_rows(paths, name: str, owner, num_ps: int, ps: int, weights: np.ndarray, state: dict) -> int:
+def load_rows(paths, name: str, owner, num_ps: int, ps: int, weights: np.ndarray, state: dict,
+              complete: bool = True) -> int:
     """Fill this PS's ``weights`` and ``state`` for table ``name`` from every shard file, whatever
-    number of PS wrote them (rows are matched by global id). Returns the table's update count."""
+    number of PS wrote them (rows are matched by global id). ``complete``: a full checkpoint
+    must hold every row (an incremental one only the changed ones). Returns the update count."""
     applies = 0
     filled = 0
     for path in paths:
@@ -86,7 +88,7 @@ def load_rows(paths, name: str, owner, num_ps: int, ps: int, weights: np.ndarray
             for k, arr in state.items():
                 arr[local] = g[f"state/{k}"][...][mine]
             filled += int(mine.sum())
-    if filled != weights.shape[0]:
+    if complete and filled != weights.shape[0]:
         raise ValueError(f"checkpoint table {name!r}: found {filled} of this PS's {weights.shape[0]} rows")
     return applies
 

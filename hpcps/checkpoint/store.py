@@ -22,7 +22,8 @@ import shutil
 import time
 from pathlib import Path
 
-__all__ = ["step_dir", "tmp_dir", "list_checkpoints", "verify", "newest_verified", "commit", "resolve",
+__all__ = ["step_dir", "tmp_dir", "list_checkpoints", "verify", "verify_chain", "chain", "newest_verified",
+           "commit", "resolve",
            "read_manifest", "MANIFEST", "DIR_MODE", "FILE_MODE"]
 
 logger = logging.getLogger(__name__)
@@ -92,10 +93,36 @@ def verify(path) -> tuple[bool, str]:
     return True, "ok"
 
 
+def chain(path) -> list[Path]:
+    """The checkpoints a restore of ``path`` reads, oldest first: its full baseline, then the
+    incremental ones up to ``path`` (just ``[path]`` for a full checkpoint)."""
+    path = Path(path)
+    links = [path]
+    while True:
+        parent = read_manifest(links[0]).get("parent")
+        if not parent:
+            return links
+        links.insert(0, path.parent / parent)
+
+
+def verify_chain(path) -> tuple[bool, str]:
+    """``verify`` for ``path`` and every checkpoint its restore needs."""
+    try:
+        links = chain(path)
+    except (OSError, ValueError) as e:
+        return False, f"{Path(path).name}: a checkpoint it builds on is unreadable ({e})"
+    for p in reversed(links):
+        ok, why = verify(p)
+        if not ok:
+            return False, why if p == Path(path) else f"{Path(path).name} builds on {why}"
+    return True, "ok"
+
+
 def newest_verified(root, report=None) -> Path | None:
-    """The newest checkpoint that verifies; each one that does not is reported and skipped."""
+    """The newest checkpoint that verifies (with what it builds on); each one that does not is
+    reported and skipped."""
     for path in reversed(list_checkpoints(root)):
-        ok, why = verify(path)
+        ok, why = verify_chain(path)
         if ok:
             return path
         (report or logger.warning)(f"hpcps: skipping checkpoint {why}")
@@ -112,7 +139,7 @@ def resolve(spec: str, root) -> Path | None:
         return newest_verified(root) if root else None
     p = Path(spec)
     if (p / MANIFEST).exists():
-        ok, why = verify(p)
+        ok, why = verify_chain(p)
         if not ok:
             raise ValueError(f"checkpoint {p} does not verify: {why}")
         return p
@@ -153,8 +180,16 @@ def commit(root, step: int, manifest: dict, keep: int) -> Path:
     os.replace(latest_tmp, Path(root) / "latest")
     fsync_path(root)
     if keep > 0:
-        for old in list_checkpoints(root)[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
+        kept = list_checkpoints(root)[-keep:]
+        needed = set()
+        for k in kept:
+            try:
+                needed.update(p.name for p in chain(k))
+            except (OSError, ValueError):
+                needed.add(k.name)
+        for old in list_checkpoints(root):
+            if old.name not in needed:
+                shutil.rmtree(old, ignore_errors=True)
     for stale in Path(root).glob("step-*.tmp"):
         if stale != tmp:
             shutil.rmtree(stale, ignore_errors=True)

@@ -30,11 +30,12 @@ def ls(root) -> int:
         return 1
     latest = (Path(root) / "latest").read_text().strip() if (Path(root) / "latest").exists() else ""
     for p in rows:
-        ok, why = store.verify(p)
+        ok, why = store.verify_chain(p)
         try:
             man = store.read_manifest(p)
             size = sum(f["bytes"] for f in man["files"].values())
-            desc = f"step {man['step']:>9}  {man['num_ps']} PS  {man['num_workers']} workers  {size / 1e6:9.2f} MB"
+            desc = (f"step {man['step']:>9}  {man.get('kind', 'full'):5}  {man['num_ps']} PS  "
+                    f"{man['num_workers']} workers  {size / 1e6:9.2f} MB")
         except (OSError, ValueError, KeyError):
             desc = "(no manifest)"
         mark = "*" if p.name == latest else " "
@@ -50,7 +51,7 @@ def verify_cmd(path) -> int:
         return 1
     bad = 0
     for t in targets:
-        ok, why = store.verify(t)
+        ok, why = store.verify_chain(t)
         print(f"{t.name}: {'ok' if ok else why}")
         bad += not ok
     return 1 if bad else 0
@@ -59,7 +60,8 @@ def verify_cmd(path) -> int:
 def inspect(path) -> int:
     p = _pick(path)
     man = store.read_manifest(p)
-    out = {"path": str(p), "step": man["step"], "num_ps": man["num_ps"], "num_workers": man["num_workers"],
+    out = {"path": str(p), "step": man["step"], "kind": man.get("kind", "full"), "base": man.get("base"),
+           "num_ps": man["num_ps"], "num_workers": man["num_workers"],
            "sharding": man["sharding"], "versions": man["versions"],
            "tables": man["tables"], "files": {k: v["bytes"] for k, v in man["files"].items()}}
     model, _, _ = read_dense(p / "dense.h5")
@@ -72,11 +74,13 @@ def _gather_tables(p, man):
     tables = {}
     for spec in man["tables"]:
         tables[spec["name"]] = np.zeros((spec["num_rows"], spec["dim"]), np.float32)
-    for ps in range(man["num_ps"]):
-        with h5py.File(p / shard_file(ps), "r", locking=False) as f:
-            for name, arr in tables.items():
-                g = f[f"tables/{name}"]
-                arr[g["ids"][...]] = g["weights"][...]
+    for link in store.chain(p):                  # full baseline, then incremental ones in order
+        lm = store.read_manifest(link)
+        for ps in range(lm["num_ps"]):
+            with h5py.File(link / shard_file(ps), "r", locking=False) as f:
+                for name, arr in tables.items():
+                    g = f[f"tables/{name}"]
+                    arr[g["ids"][...]] = g["weights"][...]
     return tables
 
 

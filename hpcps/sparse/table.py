@@ -105,11 +105,14 @@ class EmbeddingTable:
 
     transport: ``None`` (the context's), ``"auto"`` or ``"rma"``; see
     :func:`hpcps.init`.
+    track_dirty: keep a per-row "changed since the last checkpoint" byte on the PS
+    (incremental checkpoints); costs one byte per row and, on the RMA path, one
+    more put per push.
     """
 
     def __init__(self, ctx, name: str, num_rows: int, dim: int,
                  optimizer: SparseOptimizer | None = None, seed: int = 0,
-                 init_scale: float | None = None, transport: str | None = None):
+                 init_scale: float | None = None, transport: str | None = None, track_dirty: bool = False):
         ctx._check_open()
         if not isinstance(name, str) or not name:
             raise ValueError(f"table name must be a non-empty string, got {name!r}")
@@ -130,7 +133,7 @@ class EmbeddingTable:
             raise ValueError(f"HPCPS_RMA_READ must be one of {RMA_READS}, got {rma_read!r}")
         scale = default_scale(dim) if init_scale is None else float(init_scale)
 
-        spec = (name, int(num_rows), int(dim), repr(optimizer), int(seed), scale, transport)
+        spec = (name, int(num_rows), int(dim), repr(optimizer), int(seed), scale, transport, bool(track_dirty))
         specs = ctx.world.allgather(spec)
         if any(s != spec for s in specs):
             raise ValueError(f"table {name!r} created differently on different ranks: {sorted(set(specs))}")
@@ -151,8 +154,14 @@ class EmbeddingTable:
         if self.stateful:                       # gradients are staged next to the rows
             self._stage = Window(ctx.world, local_rows * self._row_bytes, what=f"table {name!r} staging")
             self._flags = Window(ctx.world, -(-local_rows // 8) * 8, what=f"table {name!r} touched rows")
+        self.track_dirty = bool(track_dirty)
+        if self.track_dirty:
+            self._dirty = Window(ctx.world, -(-local_rows // 8) * 8, what=f"table {name!r} dirty rows")
         if ctx.is_ps:
             self._fill_initial(local_rows)
+            if self.track_dirty:
+                self._dirty.local(np.uint8)[:] = 0
+                self._dirty.sync()
             if self.stateful:
                 self._stage.local()[:] = 0
                 self._flags.local(np.uint8)[:] = 0
@@ -163,6 +172,10 @@ class EmbeddingTable:
             _t()
         ctx.world.Barrier()                     # rows exist before anyone pulls
         self._views = self._map_shared_shards(self._data) if ctx.is_worker else [None] * ctx.num_ps
+        self._dirty_views = [None] * ctx.num_ps
+        if self.track_dirty and ctx.is_worker and not self.stateful:
+            self._dirty_views = [None if v is None else self._dirty.shared(r, np.uint8)
+                                 for v, r in zip(self._views, ctx.ps_world_ranks)]
         if self.stateful and ctx.is_worker:
             self._stage_views = self._map_shared_shards(self._stage)
             self._flag_views = [None if v is None else self._flags.shared(r, np.uint8)
@@ -316,6 +329,8 @@ class EmbeddingTable:
                     if self.stateful:
                         self._flag_views[p][rows_p] = 1
                         self._locks.add_pending(rank)
+                    elif self.track_dirty:
+                        self._dirty_views[p][rows_p] = 1
                     window.sync()
                 finally:
                     self._locks.release(rank)
@@ -330,14 +345,16 @@ class EmbeddingTable:
             try:
                 win.Accumulate([buf, MPI.FLOAT], rank, (0, 1, dtype), op=MPI.SUM)
                 win.Flush(rank)
-                if self.stateful:
+                marks = self._flags if self.stateful else (self._dirty if self.track_dirty else None)
+                if marks is not None:
                     ones = np.ones(uniq.size, np.uint8)
                     flag_type = MPI.BYTE.Create_indexed_block(1, uniq.tolist()).Commit()
                     try:
-                        self._flags.win.Put([ones, MPI.BYTE], rank, (0, 1, flag_type))
-                        self._flags.win.Flush(rank)
+                        marks.win.Put([ones, MPI.BYTE], rank, (0, 1, flag_type))
+                        marks.win.Flush(rank)
                     finally:
                         flag_type.Free()
+                if self.stateful:
                     self._locks.add_pending(rank)
             finally:
                 self._locks.release(rank)
@@ -383,17 +400,33 @@ class EmbeddingTable:
             state = {k: torch.from_numpy(v) for k, v in self._state.items()}
             self.optimizer.apply(torch.from_numpy(self.shard()), state, torch.from_numpy(rows),
                                  torch.from_numpy(grads), step, self._applies)
+            if self.track_dirty:
+                self._dirty.local(np.uint8)[rows] = 1
             self._data.sync()
         return int(rows.size)
+
+    def take_dirty(self) -> np.ndarray:
+        """PS, while no worker pushes (checkpoint cut): local rows changed since the last call,
+        and reset the marks. Local."""
+        if not self.track_dirty:
+            raise ValueError(f"table {self.name!r} was created without track_dirty")
+        self._dirty.sync()
+        flags = self._dirty.local(np.uint8)[:self.shard().shape[0]]
+        rows = np.flatnonzero(flags)
+        flags[rows] = 0
+        self._dirty.sync()
+        return rows
 
     # ------------------------------------------------------------ teardown
     def free(self) -> None:
         """Free the table's windows. Collective over the world communicator; safe twice."""
         if self._data.freed:
             return
-        self._views = self._stage_views = self._flag_views = [None] * self.ctx.num_ps
+        self._views = self._stage_views = self._flag_views = self._dirty_views = [None] * self.ctx.num_ps
         self._rowtype.Free()
         self._locks.free()
+        if self.track_dirty:
+            self._dirty.free()
         if self.stateful:
             self._flags.free()
             self._stage.free()
