@@ -15,7 +15,6 @@ Writes JSON (--out) and prints the ratios.
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -27,7 +26,6 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from mpirun import run_mpi  # noqa: E402
 
-from hpcps.checkpoint import store  # noqa: E402
 
 
 def final(stdout):

@@ -5,7 +5,6 @@ import os
 import random
 import signal
 import time
-from pathlib import Path
 
 import h5py
 import numpy as np

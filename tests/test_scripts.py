@@ -44,3 +44,26 @@ def test_shell_scripts_parse():
     import subprocess
     for script in ("scripts/run", "scripts/gpu_check.sh", ".ci/run", "slurm/demo.sbatch"):
         subprocess.run(["bash", "-n", str(ROOT / script)], check=True)
+
+
+def test_bench_checkpoint_smoke(tmp_path):
+    import subprocess
+    import sys
+    out = tmp_path / "b.json"
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_checkpoint.py"), "--dir", str(tmp_path / "d"),
+                    "--rows", "5000", "--steps", "20", "--out", str(out)], check=True, capture_output=True,
+                   timeout=600, env=__import__("mpirun").mpi_env())
+    r = json.loads(out.read_text())
+    assert r["checkpoint_bytes"] > 0 and r["write_bandwidth_mb_s"] > 0 and r["dd_bandwidth_mb_s"] > 0
+    assert r["full_bytes"] > r["incremental_bytes"] > 0 and r["restore_s"] > 0
+
+
+def test_fault_checkpoint_script_smoke(tmp_path):
+    import subprocess
+    import sys
+    out = tmp_path / "f.json"
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "fault_checkpoint.py"), "--trials", "1",
+                    "--dir", str(tmp_path / "d"), "--out", str(out)], check=True, capture_output=True,
+                   timeout=600, env=__import__("mpirun").mpi_env())
+    r = json.loads(out.read_text())
+    assert r["trials"] == 1 and r["corrupt_committed"] == 0 and r["restart_failures"] == 0

@@ -15,7 +15,6 @@ No push is half inside a checkpoint: between 1 and 4 no worker pushes.
 """
 
 import logging
-import os
 import platform
 import shutil
 import threading
@@ -153,7 +152,7 @@ class Checkpointer:
             while self._get(r, COPIED) < step:
                 if self._get(r, ERROR) >= step:
                     raise HpcpsError(f"checkpoint at step {step} failed on PS world rank {r} (see its log)")
-                os.sched_yield()
+                time.sleep(0.0005)      # not spinning: leave the cores to the PS ranks copying
         if self.is_lead:
             model_state = {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
             osd = optimizer.state_dict()

@@ -2,6 +2,7 @@
 read them), never pickle. Local."""
 
 import contextlib
+import hashlib
 import io
 import json
 import os
@@ -28,6 +29,10 @@ def _create(path):
     with h5py.File(buf, "w") as f:
         yield f
     data = buf.getbuffer()
+    # The writer hashes its own image (in parallel on every PS) so the commit need not read it back;
+    # a later verify still reads the file, so a bad write is caught there.
+    with open(f"{path}.sha256", "w") as side:
+        side.write(hashlib.sha256(data).hexdigest())
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
     try:
         view = memoryview(data)

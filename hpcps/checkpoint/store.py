@@ -155,10 +155,16 @@ def commit(root, step: int, manifest: dict, keep: int) -> Path:
     tmp, final = tmp_dir(root, step), step_dir(root, step)
     files = {}
     for f in sorted(tmp.iterdir()):
-        if f.name == MANIFEST:
+        if f.name == MANIFEST or f.name.endswith(".sha256"):
             continue
-        fsync_path(f)
-        files[f.name] = {"bytes": f.stat().st_size, "sha256": sha256(f)}
+        side = f.with_name(f.name + ".sha256")
+        if side.exists():                    # hashed by its writer from the bytes it wrote
+            digest = side.read_text().strip()
+            side.unlink()
+        else:
+            fsync_path(f)
+            digest = sha256(f)
+        files[f.name] = {"bytes": f.stat().st_size, "sha256": digest}
     manifest = {**manifest, "files": files, "committed_at": time.time()}
     man = tmp / MANIFEST
     with open(man, "w") as f:
