@@ -1,6 +1,6 @@
 """Reference models: DLRM-style CTR and matrix factorisation."""
 
-from .dlrm import DLRM, build_dlrm, mlp
+from .dlrm import DLRM, mlp
 from .mf import MatrixFactorization
 
-__all__ = ["DLRM", "build_dlrm", "mlp", "MatrixFactorization"]
+__all__ = ["DLRM", "mlp", "MatrixFactorization"]

@@ -4,7 +4,6 @@ feature, pairwise dot interaction, top MLP, one logit."""
 import torch
 from torch import nn
 
-from ..nn import ShardedEmbeddingBag
 
 __all__ = ["DLRM", "mlp"]
 
@@ -45,9 +44,3 @@ class DLRM(nn.Module):
         inter = Z[:, self._pairs[0], self._pairs[1]]         # strictly lower triangle
         top_in = torch.cat([x, inter], dim=1) if self.bottom is not None else inter
         return self.top(top_in).squeeze(1)
-
-
-def build_dlrm(tables, num_dense, dim, bottom_mlp, top_mlp, grad_scale):
-    """DLRM over hpcps tables (worker ranks). Local."""
-    embs = [ShardedEmbeddingBag(t, mode="sum", grad_scale=grad_scale) for t in tables]
-    return DLRM(embs, num_dense, dim, bottom_mlp, top_mlp)
