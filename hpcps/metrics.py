@@ -3,6 +3,7 @@
 import json
 import math
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -43,7 +44,10 @@ class MetricsLog:
     """Append one JSON object per line to ``path`` (no-op when empty). Local (worker 0)."""
 
     def __init__(self, path: str):
-        self._f = open(path, "a", buffering=1) if path else None
+        self._f = None
+        if path:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            self._f = open(path, "a", buffering=1)
         self.t0 = time.time()
 
     def write(self, record: dict) -> None:

@@ -159,6 +159,7 @@ def export_weights(path: str, model, tables) -> None:
             ids = np.arange(s, min(t.num_rows, s + (1 << 16)))
             rows[ids] = t.pull(ids)
         arrays[f"tables/{t.name}"] = rows
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     np.savez(path, **arrays)
 
 

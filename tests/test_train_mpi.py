@@ -139,3 +139,9 @@ def test_malformed_data_fails_with_file_and_line(tmp_path):
                    "data.batch_size=1"], check=False, timeout=60)
     assert r.returncode != 0
     assert f"{bad}:3: expected 'user item rating" in r.stderr
+
+
+def test_metrics_and_export_paths_get_their_directories(tmp_path):
+    metrics, export = tmp_path / "new" / "m.jsonl", tmp_path / "other" / "w.npz"
+    _train(3, ["job.steps=5", f"metrics.path={metrics}", f"job.export={export}"])
+    assert metrics.exists() and export.exists()
