@@ -60,23 +60,29 @@ def test_half_then_restart_equals_straight(tmp_path, straight, opt, first, secon
     _close(tmp_path / "w.npz", straight[opt])
 
 
-@pytest.mark.parametrize("victim", ["worker", "ps"])
-def test_kill_9_then_same_command_equals_straight(tmp_path, straight, victim):
+def _start_and_wait_for_a_checkpoint(tmp_path, tag, every, delay):
+    """Launch the 30-step job checkpointing every ``every`` steps; return once one is committed."""
     ck = tmp_path / "ck"
     argv = ["-m", "hpcps", "train", "--config", TINY, "--set", *BASE, f"checkpoint.dir={ck}",
-            "checkpoint.every_steps=3", f"job.export={tmp_path / 'w.npz'}"]
-    tag = f"kill-{victim}-{os.getpid()}"
-    proc = launch_mpi(4, argv + ["job.steps=30"], env={"HPCPS_STEP_DELAY": "0.05"}, tag=tag)
+            f"checkpoint.every_steps={every}", f"job.export={tmp_path / 'w.npz'}", "job.steps=30"]
+    proc = launch_mpi(4, argv, env={"HPCPS_STEP_DELAY": str(delay)}, tag=tag)
     deadline = time.time() + 60
-    while time.time() < deadline and len(store.list_checkpoints(ck)) < 1:
-        time.sleep(0.05)
+    while time.time() < deadline and not store.list_checkpoints(ck):
+        time.sleep(0.05)                                     # training is under way
+    return argv, proc, ck
+
+
+@pytest.mark.parametrize("victim", ["worker", "ps"])
+def test_kill_9_then_same_command_equals_straight(tmp_path, straight, victim):
+    tag = f"kill-{victim}-{os.getpid()}"
+    argv, proc, ck = _start_and_wait_for_a_checkpoint(tmp_path, tag, every=3, delay=0.05)
     time.sleep(random.uniform(0.0, 0.4))                     # a random step after the first checkpoint
     pid = rank_pid(tag, 3 if victim == "ps" else 1)          # rank 3 is the PS of 4 ranks
     assert pid, "rank not found"
     os.kill(pid, signal.SIGKILL)
     code, out, err = reap(proc)
     assert code != 0 and not (tmp_path / "w.npz").exists()   # it really died before the end
-    r = run_mpi(4, argv + ["job.steps=30"], timeout=120)     # the same command again
+    r = run_mpi(4, argv, timeout=120)                        # the same command again
     f = _final(r.stdout)
     assert 0 < f["start_step"] < 30
     _close(tmp_path / "w.npz", straight["adam"])
@@ -145,14 +151,8 @@ def test_disk_full_is_a_clear_error_and_keeps_the_previous_checkpoint(tmp_path):
 
 @pytest.mark.parametrize("how", ["sigusr1", "stop-file"])
 def test_stop_request_checkpoints_and_exits_85(tmp_path, straight, how):
-    ck = tmp_path / "ck"
-    argv = ["-m", "hpcps", "train", "--config", TINY, "--set", *BASE, f"checkpoint.dir={ck}",
-            "checkpoint.every_steps=5", f"job.export={tmp_path / 'w.npz'}"]
     tag = f"stop-{how}-{os.getpid()}"
-    proc = launch_mpi(4, argv + ["job.steps=30"], env={"HPCPS_STEP_DELAY": "0.1"}, tag=tag)
-    deadline = time.time() + 60
-    while time.time() < deadline and not store.list_checkpoints(ck):
-        time.sleep(0.05)                                     # training is under way
+    argv, proc, ck = _start_and_wait_for_a_checkpoint(tmp_path, tag, every=5, delay=0.1)
     if how == "sigusr1":
         for rank in range(4):
             pid = rank_pid(tag, rank)
@@ -166,7 +166,7 @@ def test_stop_request_checkpoints_and_exits_85(tmp_path, straight, how):
     f = _final(out)
     assert f["stopped"] and 5 <= f["steps"] < 30 and f["checkpoints"][-1] == f["steps"]
     (ck / "STOP").unlink(missing_ok=True)
-    r = run_mpi(4, argv + ["job.steps=30"], timeout=120)
+    r = run_mpi(4, argv, timeout=120)
     assert _final(r.stdout)["start_step"] == f["steps"]
     _close(tmp_path / "w.npz", straight["adam"])
 
