@@ -23,7 +23,7 @@ else:                                    # pragma: no cover
 from .sparse.control import parse_mode
 from .sparse.optimizers import LRSchedule, make_optimizer
 
-__all__ = ["Config", "load_config", "config_keys", "build_sparse_optimizer", "FORMATS", "MODELS"]
+__all__ = ["Config", "load_config", "config_keys", "build_sparse_optimizer", "parse_permissions", "FORMATS", "MODELS"]
 
 FORMATS = ("synthetic-ctr", "criteo", "ratings")
 MODELS = ("dlrm", "mf")
@@ -103,6 +103,8 @@ class CheckpointConfig:
     resume: str = "auto"        # auto (newest verified in dir) | none | PATH
     compression: str = ""       # "" | gzip | lzf
     full_every: int = 1         # a full checkpoint every K; the ones between hold only changed rows
+    dir_mode: str = "0700"      # permissions of checkpoint directories (octal)
+    file_mode: str = "0600"     # permissions of checkpoint files (octal)
 
 
 @dataclass
@@ -219,6 +221,17 @@ def load_config(path=None, overrides=(), environ=None) -> Config:
     return cfg
 
 
+def parse_permissions(text, key: str) -> int:
+    """An octal permission string ("0700", "750", "0o640") as an int; ``ValueError`` naming ``key``. Local."""
+    try:
+        mode = int(str(text).lower().removeprefix("0o"), 8)
+    except ValueError:
+        mode = -1
+    if not 0 <= mode <= 0o777:
+        raise ValueError(f"config: {key} = {text!r}: must be an octal permission like 0700")
+    return mode
+
+
 def _check(ok, key, value, need):
     if not ok:
         raise ValueError(f"config: {key} = {value!r}: {need}")
@@ -291,6 +304,8 @@ def validate(cfg: Config) -> None:
     _check(c.keep >= 0, "checkpoint.keep", c.keep, "must be >= 0")
     _check(c.full_every >= 1, "checkpoint.full_every", c.full_every, "must be >= 1")
     _check(c.compression in ("", "gzip", "lzf"), "checkpoint.compression", c.compression, "must be '', gzip or lzf")
+    parse_permissions(c.dir_mode, "checkpoint.dir_mode")
+    parse_permissions(c.file_mode, "checkpoint.file_mode")
     if c.resume not in ("auto", "none"):
         _check(Path(c.resume).exists(), "checkpoint.resume", c.resume, "no such checkpoint")
     for sec_name in ("sparse", "dense"):

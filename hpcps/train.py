@@ -23,7 +23,7 @@ import torch
 from mpi4py import MPI
 
 from . import checkpoint as ckpt_mod
-from .config import Config, build_sparse_optimizer
+from .config import Config, build_sparse_optimizer, parse_permissions
 from .data import make_data
 from .dense import DenseSync
 from .metrics import MetricsLog, auc, logloss, mae, rmse
@@ -186,10 +186,13 @@ def train(cfg: Config) -> dict | None:
         stop = _StopRequest(c.dir)
         ckpt, resume_from, start = None, None, 0
         if c.dir:
+            dir_mode = parse_permissions(c.dir_mode, "checkpoint.dir_mode")
+            file_mode = parse_permissions(c.file_mode, "checkpoint.file_mode")
             if world.Get_rank() == 0:
-                Path(c.dir).mkdir(mode=ckpt_mod.store.DIR_MODE, parents=True, exist_ok=True)
+                Path(c.dir).mkdir(mode=dir_mode, parents=True, exist_ok=True)
             ckpt = ckpt_mod.Checkpointer(ctx, tables, c.dir, c.keep, c.compression,
-                                         {"config": cfg.to_dict()}, full_every=c.full_every)
+                                         {"config": cfg.to_dict()}, full_every=c.full_every,
+                                         dir_mode=dir_mode, file_mode=file_mode)
             ctx._resources.append(ckpt)
         if c.resume != "none" and (c.dir or c.resume != "auto"):
             found = None

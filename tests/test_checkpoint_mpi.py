@@ -199,10 +199,16 @@ def test_ckpt_tools(tmp_path):
     assert v.returncode == 1 and "step-000000020" in v.stdout
 
 
-def test_time_trigger_and_keep(tmp_path):
+def test_time_trigger_keep_and_configured_modes(tmp_path):
+    import stat
     ck = tmp_path / "ck"
-    r = _train(4, [f"checkpoint.dir={ck}", "checkpoint.every_seconds=0.5", "checkpoint.keep=2", "job.steps=30"],
+    r = _train(4, [f"checkpoint.dir={ck}", "checkpoint.every_seconds=0.5", "checkpoint.keep=2", "job.steps=30",
+                   "checkpoint.dir_mode=0750", "checkpoint.file_mode=0640"],
                env={"HPCPS_STEP_DELAY": "0.1"})
+    newest = store.step_dir(ck, 30)
+    assert stat.S_IMODE(newest.stat().st_mode) == 0o750
+    assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in newest.iterdir()} == {
+        "ps-00000.h5": 0o640, "dense.h5": 0o640, "manifest.json": 0o640}
     f = _final(r.stdout)
     assert len(f["checkpoints"]) >= 3 and f["checkpoints"][-1] == 30      # timed ones, then the final one
     assert [p.name for p in store.list_checkpoints(ck)] == [f"step-{s:09d}" for s in f["checkpoints"][-2:]]

@@ -67,3 +67,34 @@ def test_prune_only_after_commit_keeps_newest(tmp_path):
     (tmp / "dense.h5").write_bytes(b"d")
     store.commit(tmp_path, 4, {"step": 4}, keep=2)
     assert [p.name for p in store.list_checkpoints(tmp_path)] == ["step-000000003", "step-000000004"]
+
+
+def test_shard_writer_checks_free_space_first_and_removes_a_failed_file(tmp_path, monkeypatch):
+    import errno
+
+    import h5py
+    import numpy as np
+
+    from hpcps.checkpoint import shards
+
+    t = {"ids": np.arange(1000), "weights": np.ones((1000, 8), np.float32), "state": {}, "applies": 3,
+         "num_rows": 1000, "dim": 8, "optimizer": "SGD"}
+    ok = tmp_path / "ok.h5"
+    shards.write_shard(ok, 5, 0, 1, {"t": t}, file_mode=0o640)
+    assert stat.S_IMODE(os.stat(ok).st_mode) == 0o640
+    assert (tmp_path / "ok.h5.sha256").read_text() == store.sha256(ok)
+    with h5py.File(ok, "r") as f:
+        assert f["tables/t/weights"].shape == (1000, 8) and f.attrs["step"] == 5
+
+    class Tiny:                                     # a filesystem with 10 KB free
+        f_bavail, f_frsize = 10, 1024
+    monkeypatch.setattr(shards.os, "statvfs", lambda _: Tiny)
+    with pytest.raises(OSError, match="No space left on device: .*needs about") as e:
+        shards.write_shard(tmp_path / "full.h5", 6, 0, 1, {"t": t})
+    assert e.value.errno == errno.ENOSPC and not (tmp_path / "full.h5").exists()
+    monkeypatch.undo()
+
+    bad = dict(t, state={"x": object()})            # h5py cannot store it: the write fails midway
+    with pytest.raises(OSError, match="writing .*bad.h5 failed"):
+        shards.write_shard(tmp_path / "bad.h5", 7, 0, 1, {"t": bad})
+    assert not (tmp_path / "bad.h5").exists() and not (tmp_path / "bad.h5.sha256").exists()

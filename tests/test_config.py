@@ -54,6 +54,8 @@ def test_file_errors_name_the_key(tmp_path, text, msg):
     (["model.dense_backend=gloo"], "model.dense_backend"),
     (["job.steps"], "--set takes key=value"),
     (["job.steps=0"], "synthetic data is endless"),
+    (["checkpoint.dir_mode=rwx"], "checkpoint.dir_mode = 'rwx': must be an octal permission"),
+    (["checkpoint.file_mode=0o1777"], "checkpoint.file_mode = '0o1777'"),
 ])
 def test_bad_values_name_the_key(sets, msg):
     with pytest.raises(ValueError, match=msg.replace("(", "\\(").replace(")", "\\)")):

@@ -56,6 +56,8 @@ def test_bench_checkpoint_smoke(tmp_path):
     r = json.loads(out.read_text())
     assert r["checkpoint_bytes"] > 0 and r["write_bandwidth_mb_s"] > 0 and r["dd_bandwidth_mb_s"] > 0
     assert r["full_bytes"] > r["incremental_bytes"] > 0 and r["restore_s"] > 0
+    assert r["dd_under_training_load"] is True and len(r["dd_each_mb_s"]["under_load"]) == 4
+    assert r["writer_alone_vs_dd"] > 0 and len(r["writer_alone_mb_s"]) == 4
 
 
 def test_fault_checkpoint_script_smoke(tmp_path):

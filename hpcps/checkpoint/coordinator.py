@@ -51,8 +51,10 @@ class _Writer(threading.Thread):
 class Checkpointer:
     """Checkpoint coordination for one job. Collective over the world (creates a window)."""
 
-    def __init__(self, ctx, tables, root, keep: int, compression: str, meta: dict, full_every: int = 1):
+    def __init__(self, ctx, tables, root, keep: int, compression: str, meta: dict, full_every: int = 1,
+                 dir_mode: int = store.DIR_MODE, file_mode: int = store.FILE_MODE):
         self.ctx, self.tables, self.root = ctx, tables, Path(root)
+        self.dir_mode, self.file_mode = dir_mode, file_mode
         self.keep, self.compression, self.meta = keep, compression, meta
         self.full_every = max(1, int(full_every))   # 1: every checkpoint is full
         if self.full_every > 1 and not all(t.track_dirty for t in tables):
@@ -125,7 +127,7 @@ class Checkpointer:
         self._put(me, COPIED, req)
         path = store.tmp_dir(self.root, req) / shard_file(self.ctx.ps_rank)
         self._writer = _Writer(lambda: write_shard(path, req, self.ctx.ps_rank, self.ctx.num_ps, snap,
-                                                   self.compression))
+                                                   self.compression, self.file_mode))
         self._writer.start()
 
     # -------------------------------------------------------------- worker side
@@ -139,7 +141,8 @@ class Checkpointer:
             tmp = store.tmp_dir(self.root, step)
             if tmp.exists():
                 shutil.rmtree(tmp)
-            tmp.mkdir(mode=store.DIR_MODE, parents=True)
+            tmp.mkdir(mode=self.dir_mode, parents=True)
+            tmp.chmod(self.dir_mode)            # exactly the configured mode, whatever the umask
             self._started[step] = time.perf_counter()
             delta = self._since_full is not None and self._since_full + 1 < self.full_every
             self._kind = "delta" if delta else "full"
@@ -162,7 +165,8 @@ class Checkpointer:
             extra = {"torch_rng": np.stack(rngs), "next_step": np.array(step),
                      "worker_positions": np.full(self.ctx.num_workers, step, np.int64)}
             path = store.tmp_dir(self.root, step) / "dense.h5"
-            self._writer = _Writer(lambda: write_dense(path, step, model_state, optim_state, extra))
+            self._writer = _Writer(lambda: write_dense(path, step, model_state, optim_state, extra,
+                                                                 self.file_mode))
             self._writer.start()
             self._pending = step
         self.stall_seconds.append(time.perf_counter() - t0)
@@ -199,7 +203,7 @@ class Checkpointer:
                                 "optimizer": repr(t.optimizer)} for t in self.tables],
                     "sharding": "modulo", "host": platform.node(),
                     "versions": _versions()}
-        final = store.commit(self.root, step, manifest, self.keep)
+        final = store.commit(self.root, step, manifest, self.keep, self.file_mode)
         self.committed.append(step)
         nbytes = sum(f["bytes"] for f in store.read_manifest(final)["files"].values())
         self.timings.append({"step": step, "kind": kind, "bytes": nbytes, "stall_s": self.stall_seconds[-1],

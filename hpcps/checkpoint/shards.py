@@ -2,13 +2,15 @@
 read them), never pickle. Local."""
 
 import contextlib
+import errno
 import hashlib
-import io
 import json
 import os
+import threading
 
 import h5py
 import numpy as np
+from h5py import h5d, h5p
 
 from .store import FILE_MODE
 
@@ -21,49 +23,158 @@ def shard_file(ps: int) -> str:
     return f"ps-{ps:05d}.h5"
 
 
-@contextlib.contextmanager
-def _create(path):
-    """Build the HDF5 image in memory, then write and fsync it with plain OS calls, so a full
-    disk is one ``OSError`` here and never an HDF5 error surfacing later from a half-closed file."""
-    buf = io.BytesIO()
-    with h5py.File(buf, "w") as f:
-        yield f
-    data = buf.getbuffer()
-    # The writer hashes its own image (in parallel on every PS) so the commit need not read it back;
-    # a later verify still reads the file, so a bad write is caught there.
-    with open(f"{path}.sha256", "w") as side:
-        side.write(hashlib.sha256(data).hexdigest())
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+class _Thread(threading.Thread):
+    """Run ``fn(*args)`` now; ``join()`` re-raises its exception here."""
+
+    def __init__(self, fn, *args):
+        super().__init__(daemon=True)
+        self.fn, self.args, self.error = fn, args, None
+        self.start()
+
+    def run(self):
+        try:
+            self.fn(*self.args)
+        except BaseException as e:      # noqa: BLE001 - re-raised by join
+            self.error = e
+
+    def join(self, timeout=None):
+        super().join(timeout)
+        if self.error is not None:
+            raise self.error
+
+
+def _fsync(path) -> None:
+    fd = os.open(path, os.O_RDONLY)
     try:
-        view = memoryview(data)
-        while view:
-            n = os.write(fd, view)
-            view = view[n:]
         os.fsync(fd)
     finally:
         os.close(fd)
 
 
-def _dataset(g, name, data, compression):
-    chunks = None
-    if data.ndim >= 1 and data.shape[0] > 0:
-        chunks = (min(CHUNK_ROWS, data.shape[0]),) + data.shape[1:]
-    g.create_dataset(name, data=data, chunks=chunks, compression=compression or None)
+def _payload(arrays) -> int:
+    return sum(int(np.asarray(a).nbytes) for a in arrays)
 
 
-def write_shard(path, step: int, ps: int, num_ps: int, tables: dict, compression: str = "") -> None:
+class _File:
+    """An HDF5 file being written: h5py lays out every dataset (metadata, chunk index, space
+    allocated up front, no fill), and the bulk bytes of uncompressed datasets are written after
+    h5py closes the file, with ``os.pwrite`` at each chunk's offset: no chunk cache, no copies,
+    and the GIL released while the serve loop runs. Compressed datasets go through h5py."""
+
+    RAW_MIN = 1 << 16           # smaller datasets are written by h5py
+
+    def __init__(self, f):
+        self.f, self.raw = f, []
+
+    def dataset(self, g, name, data, compression=""):
+        data = np.ascontiguousarray(data)
+        chunks = None
+        if data.ndim >= 1 and data.shape[0] > 0:
+            # equal chunks of at most CHUNK_ROWS rows: HDF5 allocates the last chunk whole, so a
+            # fixed size would write up to one chunk of padding per dataset
+            n = -(-data.shape[0] // CHUNK_ROWS)
+            chunks = (-(-data.shape[0] // n),) + data.shape[1:]
+        if compression or chunks is None or data.nbytes < self.RAW_MIN:
+            return g.create_dataset(name, data=data, chunks=chunks, compression=compression or None)
+        dcpl = h5p.create(h5p.DATASET_CREATE)
+        dcpl.set_chunk(chunks)
+        dcpl.set_alloc_time(h5d.ALLOC_TIME_EARLY)
+        dcpl.set_fill_time(h5d.FILL_TIME_NEVER)
+        ds = g.create_dataset(name, shape=data.shape, dtype=data.dtype, dcpl=dcpl)
+        flat = data.reshape(data.shape[0], -1)
+        rows = chunks[0]
+
+        def add(info):
+            r = info.chunk_offset[0]
+            self.raw.append((info.byte_offset, flat[r:r + rows]))
+        ds.id.chunk_iter(add)
+        return ds
+
+    def write_and_hash(self, path) -> str:
+        """After h5py closed the file: write the bulk blocks from a thread while this one hashes
+        the whole file in order (the blocks from memory, the bytes h5py wrote between them from
+        the file); both release the GIL, so hashing hides behind the write. Returns the SHA-256."""
+        blocks = sorted(((off, memoryview(b).cast("B")) for off, b in self.raw), key=lambda x: x[0])
+        writer = _Thread(self._pwrite_all, path, blocks)
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            pos = 0
+            for offset, view in blocks:
+                if offset > pos:                    # metadata, or padding of a last chunk
+                    f.seek(pos)
+                    h.update(f.read(offset - pos))
+                h.update(view)
+                pos = offset + view.nbytes
+            f.seek(pos)
+            h.update(f.read())
+        writer.join()
+        return h.hexdigest()
+
+    @staticmethod
+    def _pwrite_all(path, blocks) -> None:
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            for offset, view in blocks:
+                while view:
+                    n = os.pwrite(fd, view, offset)
+                    view, offset = view[n:], offset + n
+        finally:
+            os.close(fd)
+
+
+@contextlib.contextmanager
+def _create(path, payload: int, datasets: int, file_mode: int = FILE_MODE):
+    """Write an HDF5 file to ``path`` (see ``_File``), hashing it while its bulk is written,
+    fsync it, and leave ``<path>.sha256`` for the commit.
+
+    A full disk must be a clear ``OSError`` and never a half-written file that looks whole: the
+    free space is checked first against the payload plus HDF5's overhead, and a write that fails
+    anyway (a quota, a filesystem filling up meanwhile) removes the partial file and re-raises
+    as ``OSError`` naming it."""
+    path = os.fspath(path)
+    need = payload + payload // 50 + (16 << 10) + 4096 * datasets
+    st = os.statvfs(os.path.dirname(path) or ".")
+    free = st.f_bavail * st.f_frsize
+    if free < need:
+        raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)}: {path} needs about {need} bytes, "
+                                    f"the filesystem has {free} free")
+    # created with its final mode before any byte is in it (h5py would use 0666 & ~umask)
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, file_mode))
+    os.chmod(path, file_mode)
+    try:
+        with h5py.File(path, "w", locking=False) as f:
+            out = _File(f)
+            yield out
+        digest = out.write_and_hash(path)
+        _fsync(path)
+    except Exception as e:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        if isinstance(e, OSError) and e.errno:
+            raise
+        raise OSError(errno.EIO, f"writing {path} failed: {e}") from e
+    # the writer hashes its own file (in parallel on every PS) so the commit need not read it back;
+    # a later verify reads it again, so a bad write is caught there
+    with open(f"{path}.sha256", "w") as side:
+        side.write(digest)
+
+
+def write_shard(path, step: int, ps: int, num_ps: int, tables: dict, compression: str = "",
+                file_mode: int = FILE_MODE) -> None:
     """One PS's snapshot: ``tables[name] = {"ids", "weights", "state": {k: array}, "applies",
-    "num_rows", "dim", "optimizer"}``."""
-    with _create(path) as f:
+    "num_rows", "dim", "optimizer"}``. Local."""
+    arrays = [a for t in tables.values() for a in (t["ids"], t["weights"], *t["state"].values())]
+    with _create(path, _payload(arrays), len(arrays), file_mode) as out:
+        f = out.f
         f.attrs.update({"step": step, "ps_rank": ps, "num_ps": num_ps, "format": "hpcps-shard-1"})
         for name, t in tables.items():
             g = f.create_group(f"tables/{name}")
             g.attrs.update({"num_rows": t["num_rows"], "dim": t["dim"], "applies": t["applies"],
                             "optimizer": t["optimizer"]})
-            _dataset(g, "ids", t["ids"], compression)
-            _dataset(g, "weights", t["weights"], compression)
+            out.dataset(g, "ids", t["ids"], compression)
+            out.dataset(g, "weights", t["weights"], compression)
             for k, v in t["state"].items():
-                _dataset(g, f"state/{k}", v, compression)
+                out.dataset(g, f"state/{k}", v, compression)
 
 
 def load_rows(paths, name: str, owner, num_ps: int, ps: int, weights: np.ndarray, state: dict,
@@ -98,10 +209,14 @@ def load_rows(paths, name: str, owner, num_ps: int, ps: int, weights: np.ndarray
     return applies
 
 
-def write_dense(path, step: int, model_state: dict, optim_state: dict, extra: dict) -> None:
+def write_dense(path, step: int, model_state: dict, optim_state: dict, extra: dict,
+                file_mode: int = FILE_MODE) -> None:
     """Worker 0's snapshot: model tensors, the torch optimizer's state (tensors per parameter
-    index; hyper-parameters as JSON), RNG state and reader positions."""
-    with _create(path) as f:
+    index; hyper-parameters as JSON), RNG state and reader positions. Local."""
+    arrays = [*model_state.values(), *(v for st in optim_state["state"].values() for v in st.values()),
+              *extra.values()]
+    with _create(path, _payload(arrays), len(arrays), file_mode) as out:
+        f = out.f
         f.attrs.update({"step": step, "format": "hpcps-dense-1"})
         for k, v in model_state.items():
             f.create_dataset(f"model/{k}", data=v)

@@ -149,9 +149,10 @@ def resolve(spec: str, root) -> Path | None:
     return found
 
 
-def commit(root, step: int, manifest: dict, keep: int) -> Path:
+def commit(root, step: int, manifest: dict, keep: int, file_mode: int = FILE_MODE) -> Path:
     """Checksum the files of ``tmp_dir(root, step)``, write the manifest, fsync, rename into
-    place, move ``latest``, then prune to the newest ``keep`` (0 = keep all)."""
+    place, move ``latest``, then prune to the newest ``keep`` (0 = keep all). Local: one rank
+    calls it once every file is written."""
     tmp, final = tmp_dir(root, step), step_dir(root, step)
     files = {}
     for f in sorted(tmp.iterdir()):
@@ -171,7 +172,7 @@ def commit(root, step: int, manifest: dict, keep: int) -> Path:
         json.dump(manifest, f, indent=1, sort_keys=True)
         f.flush()
         os.fsync(f.fileno())
-    os.chmod(man, FILE_MODE)
+    os.chmod(man, file_mode)
     fsync_path(tmp)
     if final.exists():                       # a re-run reached the same step: replace it whole
         shutil.rmtree(final)
@@ -182,7 +183,7 @@ def commit(root, step: int, manifest: dict, keep: int) -> Path:
         f.write(final.name + "\n")
         f.flush()
         os.fsync(f.fileno())
-    os.chmod(latest_tmp, FILE_MODE)
+    os.chmod(latest_tmp, file_mode)
     os.replace(latest_tmp, Path(root) / "latest")
     fsync_path(root)
     if keep > 0:
