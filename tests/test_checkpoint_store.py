@@ -69,6 +69,31 @@ def test_prune_only_after_commit_keeps_newest(tmp_path):
     assert [p.name for p in store.list_checkpoints(tmp_path)] == ["step-000000003", "step-000000004"]
 
 
+def test_a_kill_during_prune_leaves_no_half_deleted_checkpoint(tmp_path, monkeypatch):
+    import shutil
+    for s in (1, 2):
+        _make(tmp_path, s)
+    real = shutil.rmtree
+
+    def dies_midway(path, ignore_errors=False):     # removes one file, then the process "dies"
+        first = sorted(p for p in __import__("pathlib").Path(path).iterdir())[0]
+        first.unlink()
+        raise KeyboardInterrupt("killed")
+    monkeypatch.setattr(store.shutil, "rmtree", dies_midway)
+    tmp = store.tmp_dir(tmp_path, 3)
+    tmp.mkdir()
+    (tmp / "dense.h5").write_bytes(b"d")
+    with pytest.raises(KeyboardInterrupt):
+        store.commit(tmp_path, 3, {"step": 3}, keep=1)
+    monkeypatch.setattr(store.shutil, "rmtree", real)
+    # every checkpoint still listed is whole; the interrupted delete is out of the namespace
+    assert [p.name for p in store.list_checkpoints(tmp_path)] == ["step-000000002", "step-000000003"]
+    assert all(store.verify(p)[0] for p in store.list_checkpoints(tmp_path)[:1])
+    assert (tmp_path / "step-000000001.del").exists()
+    _make(tmp_path, 4)                               # the next commit removes the leftover
+    assert not (tmp_path / "step-000000001.del").exists()
+
+
 def test_shard_writer_checks_free_space_first_and_removes_a_failed_file(tmp_path, monkeypatch):
     import errno
 

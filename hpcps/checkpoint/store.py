@@ -174,9 +174,14 @@ def commit(root, step: int, manifest: dict, keep: int, file_mode: int = FILE_MOD
         os.fsync(f.fileno())
     os.chmod(man, file_mode)
     fsync_path(tmp)
+    replaced = None
     if final.exists():                       # a re-run reached the same step: replace it whole
-        shutil.rmtree(final)
+        replaced = final.with_name(final.name + ".del")
+        shutil.rmtree(replaced, ignore_errors=True)
+        os.rename(final, replaced)
     os.rename(tmp, final)
+    if replaced is not None:
+        shutil.rmtree(replaced, ignore_errors=True)
     fsync_path(root)
     latest_tmp = Path(root) / "latest.tmp"
     with open(latest_tmp, "w") as f:
@@ -196,8 +201,12 @@ def commit(root, step: int, manifest: dict, keep: int, file_mode: int = FILE_MOD
                 needed.add(k.name)
         for old in list_checkpoints(root):
             if old.name not in needed:
-                shutil.rmtree(old, ignore_errors=True)
-    for stale in Path(root).glob("step-*.tmp"):
+                # renamed out of the checkpoint namespace first: a kill during the delete leaves
+                # a ``.del`` directory (removed next time), never a half-deleted checkpoint
+                gone = old.with_name(old.name + ".del")
+                os.rename(old, gone)
+                shutil.rmtree(gone, ignore_errors=True)
+    for stale in [*Path(root).glob("step-*.tmp"), *Path(root).glob("step-*.del")]:
         if stale != tmp:
             shutil.rmtree(stale, ignore_errors=True)
     return final
