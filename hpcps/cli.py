@@ -110,6 +110,8 @@ def main(argv=None) -> int:
             print(json.dumps({"demo": summary}), flush=True)
         return 0 if ok else 1
     if args.command == "train":
+        from . import stopping
+        stopping.install()              # before the slow imports: an early Slurm signal is kept
         from mpi4py import MPI
         from .config import load_config
         try:
@@ -117,7 +119,7 @@ def main(argv=None) -> int:
         except ValueError as e:
             return _error(e)
         from .train import train
-        from .train import EXIT_CHECKPOINTED
+        from .stopping import EXIT_CHECKPOINTED
         try:
             final = train(cfg)
         except ValueError as e:

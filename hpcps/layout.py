@@ -7,7 +7,12 @@ first, so world rank 0 stays a worker (worker 0 logs and prints results).
 
 from collections.abc import Sequence
 
-__all__ = ["check_num_ps", "spread_ps"]
+__all__ = ["check_num_ps", "check_launch", "spread_ps"]
+
+# Variables in which launchers tell each process how many tasks they started.
+# (Under ``mpiexec`` inside a Slurm allocation, SLURM_STEP_NUM_TASKS counts the launcher's own
+# per-node proxies, fewer than the MPI world: only a world *smaller* than a count is an error.)
+LAUNCHER_SIZE_VARS = ("SLURM_STEP_NUM_TASKS", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE")
 
 
 def check_num_ps(num_ps, world_size: int) -> int:
@@ -29,6 +34,25 @@ def check_num_ps(num_ps, world_size: int) -> int:
             f"num_ps={num_ps} leaves no worker rank in a world of {world_size} "
             f"rank{'s' if world_size != 1 else ''}: need num_ps < world size{hint}")
     return num_ps
+
+
+def check_launch(world_size: int, environ) -> None:
+    """Raise ``ValueError`` when the MPI world is smaller than the launch: every task then runs
+    as rank 0 of its own world and would train a separate copy of the job. ``HPCPS_WORLD_SIZE``,
+    when set, must equal the world size exactly. Local, pure (``environ``: a mapping)."""
+    want = environ.get("HPCPS_WORLD_SIZE", "").strip()
+    if want:
+        if not want.isdigit() or int(want) != world_size:
+            raise ValueError(f"HPCPS_WORLD_SIZE={want} but the MPI world has {world_size} "
+                             f"rank{'s' if world_size != 1 else ''}")
+    for var in LAUNCHER_SIZE_VARS:
+        value = environ.get(var, "").strip()
+        if value.isdigit() and int(value) > world_size:
+            raise ValueError(
+                f"the launcher started {value} tasks ({var}={value}) but this process sees an MPI world "
+                f"of {world_size}: the tasks did not join one job. mpi4py's MPI library does not speak "
+                f"to this launcher: with srun use --mpi=pmi2 (MPICH) or --mpi=pmix (Open MPI), or "
+                f"launch with the mpiexec of the MPI that mpi4py uses")
 
 
 def spread_ps(node_of_rank: Sequence[int], num_ps: int) -> list[int]:

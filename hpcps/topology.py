@@ -14,7 +14,7 @@ import traceback
 from mpi4py import MPI
 
 from .errors import FreedError, RoleError
-from .layout import check_num_ps, spread_ps
+from .layout import check_launch, check_num_ps, spread_ps
 from .sparse.control import StepControl, parse_mode
 
 __all__ = ["init", "Context", "TRANSPORTS"]
@@ -55,9 +55,13 @@ def init(num_ps: int | None = None, comm: MPI.Comm | None = None, *,
         uncaught exception on one rank ends the job instead of hanging it.
 
     Raises ``ValueError`` on every rank, before any window exists, when
-    ``num_ps < 1``, ``num_ps >= world size``, or ranks disagree on ``num_ps``.
+    ``num_ps < 1``, ``num_ps >= world size``, or ranks disagree on ``num_ps``, and
+    before any communication when the world is smaller than the launch (tasks
+    that each run as rank 0 of 1: see :func:`hpcps.layout.check_launch`).
     """
     world = MPI.COMM_WORLD if comm is None else comm
+    if world is MPI.COMM_WORLD:
+        check_launch(world.Get_size(), os.environ)
     if num_ps is None:
         num_ps = os.environ.get("HPCPS_NUM_PS", "1")
     num_ps = check_num_ps(num_ps, world.Get_size())

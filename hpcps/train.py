@@ -31,33 +31,10 @@ from .models import DLRM, MatrixFactorization
 from .nn import ShardedEmbeddingBag
 from .sparse import EmbeddingTable
 from .sparse.optimizers import LRSchedule
+from .stopping import EXIT_CHECKPOINTED, StopRequest
 from .topology import init
 
 __all__ = ["train", "total_steps", "table_specs", "dense_optimizer", "dense_schedule", "EXIT_CHECKPOINTED"]
-
-# Exit code of a job that checkpointed on request (SIGUSR1/SIGTERM or a STOP file) and stopped
-# before its last step: start it again with the same command to carry on.
-EXIT_CHECKPOINTED = 85
-
-
-class _StopRequest:
-    """SIGUSR1/SIGTERM set a flag (no I/O in the handler); a file STOP in the checkpoint dir too."""
-
-    def __init__(self, ckpt_dir: str):
-        import signal
-        self.flag = False
-        self.stop_file = Path(ckpt_dir) / "STOP" if ckpt_dir else None
-        for sig in (signal.SIGUSR1, signal.SIGTERM):
-            try:
-                signal.signal(sig, self._set)
-            except ValueError:         # not the main thread
-                pass
-
-    def _set(self, signum, frame):
-        self.flag = True
-
-    def requested(self) -> bool:
-        return self.flag or bool(self.stop_file and self.stop_file.exists())
 
 logger = logging.getLogger(__name__)
 
@@ -183,7 +160,7 @@ def train(cfg: Config) -> dict | None:
                                  init_scale=scale, transport=cfg.job.transport,
                                  track_dirty=bool(c.dir) and c.full_every > 1)
                   for name, rows, dim, scale in table_specs(cfg, data)]
-        stop = _StopRequest(c.dir)
+        stop = StopRequest(c.dir)
         ckpt, resume_from, start = None, None, 0
         if c.dir:
             dir_mode = parse_permissions(c.dir_mode, "checkpoint.dir_mode")

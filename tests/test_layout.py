@@ -54,3 +54,18 @@ def test_uneven_nodes_skip_exhausted():
 
 def test_rank_zero_stays_worker_when_possible():
     assert 0 not in spread_ps([0] * 6, 5)
+
+
+@pytest.mark.parametrize("env", [{"SLURM_STEP_NUM_TASKS": "4"}, {"PMI_SIZE": "4"}, {"OMPI_COMM_WORLD_SIZE": "3"},
+                                 {"HPCPS_WORLD_SIZE": "2"}])
+def test_a_launch_larger_than_the_world_fails_loudly(env):
+    from hpcps.layout import check_launch
+    with pytest.raises(ValueError, match="MPI world (has|of) 1"):
+        check_launch(1, env)
+
+
+def test_launch_checks_pass_for_a_whole_world():
+    from hpcps.layout import check_launch
+    check_launch(4, {"SLURM_STEP_NUM_TASKS": "4", "PMI_SIZE": "4", "HPCPS_WORLD_SIZE": "4"})
+    check_launch(4, {"SLURM_STEP_NUM_TASKS": "1"})      # mpiexec in an allocation: one proxy per node
+    check_launch(1, {})
