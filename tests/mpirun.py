@@ -5,6 +5,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,6 +49,7 @@ def run_mpi(n: int, argv, timeout: float = 120, env=None, mpi4py_run: bool = Tru
     if mpi4py_run:
         cmd += ["-m", "mpi4py"]
     cmd += argv
+    started = time.time()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=mpi_env(env), cwd=ROOT, start_new_session=True, preexec_fn=preexec)
     try:
@@ -61,6 +63,8 @@ def run_mpi(n: int, argv, timeout: float = 120, env=None, mpi4py_run: bool = Tru
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+        if proc.returncode != 0:    # nor its shared memory, when it was killed or aborted
+            clean_shm(started)
     result = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
     if check and proc.returncode != 0:
         raise AssertionError(f"exit {proc.returncode}: {' '.join(cmd)}\n--- stdout\n{out}\n--- stderr\n{err}")
@@ -75,8 +79,11 @@ def launch_mpi(n: int, argv, env=None, tag: str = "") -> subprocess.Popen:
     if tag:
         extra["HPCPS_TEST_TAG"] = tag
     cmd = [mpiexec(), "-n", str(n), sys.executable, "-m", "mpi4py"] + argv
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    started = time.time()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=mpi_env(extra), cwd=ROOT, start_new_session=True)
+    proc.started_at = started
+    return proc
 
 
 def rank_pid(tag: str, rank: int):
@@ -96,6 +103,27 @@ def rank_pid(tag: str, rank: int):
     return None
 
 
+def clean_shm(since: float) -> int:
+    """Remove MPICH shared-memory segments (/dev/shm/mpich_shm_*) made since ``since`` that no
+    live process maps: a job killed with -9 leaves its segments behind. Returns the count."""
+    shm = Path("/dev/shm")
+    mine = [p for p in shm.glob("mpich_shm_*") if p.stat().st_mtime >= since - 1]
+    if not mine:
+        return 0
+    mapped = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            mapped.update(line.split()[-1] for line in maps.read_text().splitlines() if "/dev/shm/" in line)
+        except OSError:
+            continue
+    n = 0
+    for p in mine:
+        if str(p) not in mapped:
+            p.unlink(missing_ok=True)
+            n += 1
+    return n
+
+
 def reap(proc: subprocess.Popen, timeout: float = 60):
     """Wait for a launch; kill its whole group if it overstays. Returns (returncode, stdout, stderr)."""
     try:
@@ -107,4 +135,6 @@ def reap(proc: subprocess.Popen, timeout: float = 60):
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+    if proc.returncode != 0 and hasattr(proc, "started_at"):
+        clean_shm(proc.started_at)
     return proc.returncode, out, err
