@@ -42,7 +42,8 @@ def test_ratings_example_with_generated_file(tmp_path):
 
 def test_shell_scripts_parse():
     import subprocess
-    for script in ("scripts/run", "scripts/gpu_check.sh", ".ci/run", "slurm/demo.sbatch"):
+    for script in ("scripts/run", "scripts/gpu_check.sh", ".ci/run", "slurm/demo.sbatch", "slurm/train.sbatch",
+                   "slurm/chain.sh", "scripts/slurm_local.sh"):
         subprocess.run(["bash", "-n", str(ROOT / script)], check=True)
 
 

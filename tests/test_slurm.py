@@ -157,3 +157,26 @@ def test_a_launch_whose_tasks_do_not_join_one_world_fails_loudly(slurm):
     assert r.returncode != 0
     assert "the launcher started 2 tasks (SLURM_STEP_NUM_TASKS=2)" in r.stderr and "--mpi=pmi2" in r.stderr
     assert '"final"' not in r.stdout
+
+
+def test_chained_jobs_resume_one_after_another_and_a_finished_one_exits_at_once(slurm, tmp_path):
+    ck, metrics = tmp_path / "ck", tmp_path / "m.jsonl"
+    out = tmp_path / "w.npz"
+    env = _job_env(slurm, ck, HPCPS_STEP_DELAY=0.2, HPCPS_JOB_NAME=f"chain-{os.getpid()}")
+    r = subprocess.run([ROOT / "slurm" / "chain.sh", "3", f"--output={tmp_path}/chain-%j.log", "--ntasks-per-node=4",
+                        "--time=10", "--", "--set", *SETS, "job.steps=40", f"metrics.path={metrics}",
+                        "job.log_every=1", f"job.export={out}"],
+                       env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    jobs = r.stdout.split()
+    assert len(jobs) == 3
+    _wait(env, jobs[0], 180, until=lambda info: _steps_done(metrics) >= 3)
+    subprocess.run(["scancel", "--signal=USR1", "--batch", jobs[0]], env=env, check=True, timeout=30)
+    infos = [_wait(env, j, 240) for j in jobs]
+    logs = [(tmp_path / f"chain-{j}.log").read_text() for j in jobs]
+    assert [i["JobState"] for i in infos] == ["FAILED", "COMPLETED", "COMPLETED"], logs
+    assert "the next job of the chain (slurm/chain.sh) resumes" in logs[0]
+    assert "resuming from" in logs[1] and "training finished" in logs[1]
+    third = [__import__("json").loads(l)["final"] for l in logs[2].splitlines() if l.startswith('{"final"')][-1]
+    assert third["start_step"] == third["steps"] == 40           # nothing left: it only evaluated
+    assert all(int(i["Restarts"]) == 0 for i in infos) and out.exists()
