@@ -70,3 +70,16 @@ def test_fault_checkpoint_script_smoke(tmp_path):
                    timeout=600, env=__import__("mpirun").mpi_env())
     r = json.loads(out.read_text())
     assert r["trials"] == 1 and r["corrupt_committed"] == 0 and r["restart_failures"] == 0
+
+
+def test_bench_e2e_smoke(tmp_path):
+    import subprocess
+    import sys
+    out = tmp_path / "e2e.json"
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_e2e.py"), "--steps", "12", "--warmup", "4",
+                    "--out", str(out)], check=True, capture_output=True, timeout=600,
+                   env=__import__("mpirun").mpi_env())
+    r = json.loads(out.read_text())
+    for k in ("hpcps", "torch_rpc", "single_process"):
+        assert r["results"][k]["samples_per_s"] > 0 and r["results"][k]["steps"] == 8
+    assert r["hpcps_vs_torch_rpc"] > 0 and r["hpcps_per_core_vs_single_process"] > 0

@@ -1,0 +1,120 @@
+"""End-to-end training throughput with its baselines measured in the same run, same data.
+
+    .venv/bin/python scripts/bench_e2e.py [--steps 300] [--ranks 4] [--out results/bench_e2e.json]
+
+The DLRM job of examples/ctr.toml (8 tables, Adagrad on the sparse side, sync mode), for
+--steps global batches of 1024, timed after --warmup steps:
+  hpcps          `hpcps train` under mpiexec, 1 PS + (ranks - 1) workers
+  torch_rpc      a parameter server on torch.distributed.rpc (scripts/rpc_ps_baseline.py):
+                 same model, ranks, data and optimizer; one RPC pull and one push per step
+  single_process torch.nn.EmbeddingBag(sparse=True) + torch.optim.Adagrad in one process with
+                 one thread (hpcps.reference): the per-core yardstick
+Prints samples/s, the ratios against the targets (hpcps >= 2x torch_rpc; hpcps per core >= 0.8x
+single_process, per core = samples/s divided by the cores the run could use:
+min(ranks, CPUs)), and writes JSON. hpcps has no prefetch yet, so "hpcps with prefetch off" is
+the hpcps figure itself.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from mpirun import run_mpi  # noqa: E402
+
+
+def final(stdout):
+    return [json.loads(line) for line in stdout.splitlines() if line.startswith('{"final"')][-1]["final"]
+
+
+def bench_hpcps(config, steps, warmup, ranks, tmp):
+    """hpcps train; the rate from worker 0's per-step metrics between step ``warmup`` and the end."""
+    metrics = Path(tmp) / "hpcps_e2e.jsonl"
+    base = ["-m", "hpcps", "train", "--config", config, "--set", "metrics.progress=false",
+            f"metrics.path={metrics}", "job.log_every=1", "job.eval_every=0", "data.eval_samples=1000",
+            f"job.steps={steps}"]
+    full = final(run_mpi(ranks, base, timeout=1200).stdout)
+    times = {r["step"]: r["time"] for r in map(json.loads, metrics.read_text().splitlines()) if "step" in r}
+    B = round(full["samples_per_s"] * full["elapsed_s"] / max(full["steps"], 1))
+    elapsed = times[steps] - times[warmup]
+    return {"samples_per_s": (steps - warmup) * B / elapsed, "elapsed_s": elapsed, "steps": steps - warmup,
+            "auc": full["auc"], "whole_loop_samples_per_s": full["samples_per_s"]}
+
+
+def bench_single(config, steps, warmup):
+    """hpcps.reference (torch EmbeddingBag + torch.optim) in this process with one thread, timed
+    from the request of batch ``warmup`` to the end."""
+    import torch
+    torch.set_num_threads(1)
+    import hpcps.reference as ref
+    from hpcps.config import load_config
+    cfg = load_config(config, [], environ={})
+    ref.train_reference(cfg, steps=warmup)      # first-call costs (imports, allocator) paid here
+    mark = {}
+    real = ref.make_data
+
+    def timed(*args, **kw):
+        data = real(*args, **kw)
+        batch = data.train_batch
+
+        def train_batch(step):
+            if step == warmup:
+                mark["t0"] = time.perf_counter()
+            return batch(step)
+        data.train_batch = train_batch
+        return data
+    ref.make_data = timed
+    try:
+        ref.train_reference(cfg, steps=steps)
+    finally:
+        ref.make_data = real
+    elapsed = time.perf_counter() - mark["t0"]
+    return {"samples_per_s": (steps - warmup) * cfg.data.batch_size / elapsed, "elapsed_s": elapsed,
+            "steps": steps - warmup, "threads": 1}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default=str(ROOT / "examples" / "ctr.toml"))
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--warmup", type=int, default=30)
+    ap.add_argument("--ranks", type=int, default=4)
+    ap.add_argument("--out", default="results/bench_e2e.json")
+    a = ap.parse_args()
+    if not 0 < a.warmup < a.steps:
+        ap.error("need 0 < --warmup < --steps")
+    import rpc_ps_baseline
+    cores = os.cpu_count() or 1
+    used = min(a.ranks, cores)
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        hp = bench_hpcps(a.config, a.steps, a.warmup, a.ranks, tmp)
+    res = {"hpcps": hp,
+           "torch_rpc": rpc_ps_baseline.main(a.config, a.steps, a.warmup, a.ranks),
+           "single_process": bench_single(a.config, a.steps, a.warmup)}
+    h, r, s = (res[k]["samples_per_s"] for k in ("hpcps", "torch_rpc", "single_process"))
+    report = {"config": {"file": a.config, "steps": a.steps, "warmup": a.warmup, "ranks": a.ranks, "cpus": cores,
+                         "cores_used": used, "oversubscribed": a.ranks > cores},
+              "results": res,
+              "hpcps_vs_torch_rpc": h / r, "hpcps_per_core_vs_single_process": (h / used) / s,
+              "targets": {"hpcps_vs_torch_rpc": 2.0, "hpcps_per_core_vs_single_process": 0.8}}
+    print(f"end-to-end, {a.ranks} ranks (1 PS + {a.ranks - 1} workers) on {cores} CPUs"
+          f"{' (oversubscribed)' if a.ranks > cores else ''}, {a.steps - a.warmup} timed steps:")
+    for k, v in res.items():
+        print(f"  {k:15s} {v['samples_per_s']:10.0f} samples/s")
+    print(f"  hpcps / torch_rpc = {report['hpcps_vs_torch_rpc']:.2f}x (target >= 2)")
+    print(f"  hpcps per core ({used} cores) / single process (1 core) = "
+          f"{report['hpcps_per_core_vs_single_process']:.2f}x (target >= 0.8)")
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(report, indent=1))
+    print(f"  wrote {a.out}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
