@@ -189,14 +189,37 @@ def train(cfg: Config) -> dict | None:
                 logger.warning("hpcps: resuming from %s (step %d)", resume_from, start)
         ctx.control.set_start(start)                   # a barrier: every PS has its rows
         restore_s = time.perf_counter() - t_restore if resume_from is not None else 0.0
+        log, held = None, 0
         if ctx.is_ps:
             ctx.serve()
+            held = sum(t.shard().nbytes + sum(v.nbytes for v in t._state.values()) for t in tables)
         else:
-            summary = _work(cfg, ctx, data, tables, steps, start, resume_from, ckpt, stop)
+            summary, log = _work(cfg, ctx, data, tables, steps, start, resume_from, ckpt, stop)
             if summary is not None:
                 summary["restore_s"] = restore_s
         first_worker = ctx.worker_world_ranks[0]
+        is_ps = ctx.is_ps
+    # memory: every rank's peak resident set against the table bytes (rows + optimizer state) its
+    # shards hold; gathered after the PS ranks left serve()
+    mem = world.gather((is_ps, _peak_rss(), held), root=first_worker)
+    if summary is not None:
+        summary["memory"] = {"ps_peak_rss_mb": [round(r / 1e6, 1) for p, r, _ in mem if p],
+                             "ps_table_mb": [round(h / 1e6, 3) for p, _, h in mem if p],
+                             "worker_peak_rss_mb": [round(r / 1e6, 1) for p, r, _ in mem if not p]}
+    if log is not None:
+        log.write({"final": summary})
+        log.close()
     return world.bcast(summary, root=first_worker)
+
+
+def _pull_push_seconds(tables) -> tuple[float, float]:
+    return sum(t.stats.pull_seconds for t in tables), sum(t.stats.push_seconds for t in tables)
+
+
+def _peak_rss() -> int:
+    """This process's peak resident set in bytes (Linux ru_maxrss is in KiB). Local."""
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _work(cfg, ctx, data, tables, steps, start=0, resume_from=None, ckpt=None, stop=None):
@@ -228,7 +251,10 @@ def _work(cfg, ctx, data, tables, steps, start=0, resume_from=None, ckpt=None, s
         from tqdm import tqdm
         bar = tqdm(total=steps, initial=start, desc="train", unit="step", dynamic_ncols=True)
     B = cfg.data.batch_size
-    timing = dict.fromkeys(("data", "wait", "compute", "dense_wait"), 0.0)
+    # per-step time of worker 0 by phase (seconds since the last record): idle = waiting in
+    # step_begin for the mode's fence, pull/push = inside table pulls/pushes (forward/backward)
+    timing = dict.fromkeys(("data", "idle", "pull", "forward_backward", "push", "dense_allreduce"), 0.0)
+    stale_counts = {}
     t_start = last_t = time.perf_counter()
     last_step, loss_acc, n_acc = start, 0.0, 0
     pulls0 = [(t.stats.pull_seconds, t.stats.push_seconds) for t in tables]
@@ -238,10 +264,12 @@ def _work(cfg, ctx, data, tables, steps, start=0, resume_from=None, ckpt=None, s
         t1 = time.perf_counter()
         batch = data.train_batch(step)
         t2 = time.perf_counter()
+        pp0 = _pull_push_seconds(tables)
         loss, total = step_loss(model, batch, data.task, B, W, device)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         t3 = time.perf_counter()
+        pull_s, push_s = (b - a for a, b in zip(pp0, _pull_push_seconds(tables)))
         dense.synchronize()
         t4 = time.perf_counter()
         if cfg.optimizer.dense.clip_norm:
@@ -253,10 +281,13 @@ def _work(cfg, ctx, data, tables, steps, start=0, resume_from=None, ckpt=None, s
         if delay:
             time.sleep(delay)
         ctx.step_end(step)
-        timing["wait"] += t1 - t0
+        timing["idle"] += t1 - t0
         timing["data"] += t2 - t1
-        timing["compute"] += t3 - t2
-        timing["dense_wait"] += t4 - t3
+        timing["pull"] += pull_s
+        timing["push"] += push_s
+        timing["forward_backward"] += max(t3 - t2 - pull_s - push_s, 0.0)
+        timing["dense_allreduce"] += t4 - t3
+        stale_counts[stale] = stale_counts.get(stale, 0) + 1
         loss_acc += total
         n_acc += len(batch)
         if bar is not None:
@@ -271,7 +302,10 @@ def _work(cfg, ctx, data, tables, steps, start=0, resume_from=None, ckpt=None, s
                    "push_ms": 1e3 * sum(t.stats.push_seconds - p[1] for t, p in zip(tables, pulls0)) /
                    max(step + 1 - last_step, 1),
                    "rows_per_ps": [int(sum(t.stats.rows_per_ps[p] for t in tables)) for p in range(ctx.num_ps)],
-                   "time_breakdown_s": {k: round(v, 4) for k, v in timing.items()}}
+                   "staleness_counts": {str(k): v for k, v in sorted(stale_counts.items())},
+                   "time_breakdown_s": {k: round(v, 6) for k, v in timing.items()}}
+            timing = dict.fromkeys(timing, 0.0)
+            stale_counts = {}
             if bar is not None:
                 bar.set_postfix(loss=f"{rec['loss']:.4f}", samples_s=f"{rate:,.0f}")
             pulls0 = [(t.stats.pull_seconds, t.stats.push_seconds) for t in tables]
@@ -311,7 +345,7 @@ def _work(cfg, ctx, data, tables, steps, start=0, resume_from=None, ckpt=None, s
     comm.Barrier()
     dense.close()
     if not lead:
-        return None
+        return None, None
     flat = [s for part in all_stale for s in part]
     ran = done_steps - start
     final = {**result, "steps": done_steps, "start_step": start, "stopped": stopped,
@@ -321,6 +355,4 @@ def _work(cfg, ctx, data, tables, steps, start=0, resume_from=None, ckpt=None, s
              "samples_per_s": ran * B / max(elapsed, 1e-9),
              "elapsed_s": elapsed, "num_ps": ctx.num_ps, "num_workers": W, "mode": ctx.mode,
              "max_staleness": max(flat) if flat else 0, "data": data.stats}
-    log.write({"final": final})
-    log.close()
-    return final
+    return final, log

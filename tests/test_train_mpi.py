@@ -111,6 +111,16 @@ def test_train_end_to_end_metrics_and_final_line(tmp_path):
     assert [x["step"] for x in steps] == [10, 20, 30, 40]
     for k in ("loss", "samples_per_s", "pull_ms", "push_ms", "staleness", "rows_per_ps", "time_breakdown_s"):
         assert k in steps[0], k
+    assert set(steps[0]["time_breakdown_s"]) == {"data", "idle", "pull", "forward_backward", "push",
+                                                 "dense_allreduce"}
+    assert all(v >= 0 for v in steps[0]["time_breakdown_s"].values())
+    assert steps[0]["time_breakdown_s"]["pull"] > 0 and steps[0]["time_breakdown_s"]["push"] > 0
+    assert sum(steps[0]["staleness_counts"].values()) == 10                  # one per step of the record
+    assert max(int(k) for x in steps for k in x["staleness_counts"]) <= 2     # ssp:2
+    mem = final["memory"]
+    assert len(mem["ps_peak_rss_mb"]) == 1 and len(mem["worker_peak_rss_mb"]) == 3
+    assert mem["ps_peak_rss_mb"][0] > mem["ps_table_mb"][0] > 0
+    assert recs[-1]["final"]["memory"] == mem
     assert "eval" in steps[1] and "auc" in steps[1]["eval"]
     assert sum(steps[-1]["rows_per_ps"]) > 0
     assert "final" in recs[-1]
