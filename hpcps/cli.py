@@ -48,6 +48,13 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--set", metavar="KEY=VALUE", nargs="+", action="extend", default=[],
                    help="override settings, dotted section.key, e.g. --set job.mode=async data.batch_size=512 "
                         "(may repeat)")
+    rp = sub.add_parser("report", help="PNG plots and a markdown summary from metrics and benchmark results",
+                        description=("SRC: a metrics JSONL file (metrics.path of `hpcps train`) or a results "
+                                     "directory (its *.jsonl metrics and bench_*.json results). Writes loss.png, "
+                                     "throughput.png, time_breakdown.png, staleness.png, load_balance.png, "
+                                     "checkpoints.png and summary.md. No MPI launch needed."))
+    rp.add_argument("src", help="metrics file or results directory")
+    rp.add_argument("--out", default="report", help="output directory (default report/)")
     k = sub.add_parser("ckpt", help="list, verify, inspect and export checkpoints (no MPI launch needed)")
     ks = k.add_subparsers(dest="ckpt_command", required=True)
     ks.add_parser("ls", help="checkpoints in a directory, newest last, with their state").add_argument("dir")
@@ -93,6 +100,15 @@ def main(argv=None) -> int:
         except (ValueError, OSError) as e:
             print(f"hpcps: error: {e}", file=sys.stderr)
             return 2
+    if args.command == "report":
+        from .report import write_report
+        try:
+            for path in write_report(args.src, args.out):
+                print(path)
+        except (ValueError, OSError) as e:
+            print(f"hpcps: error: {e}", file=sys.stderr)
+            return 2
+        return 0
     _setup_logging(args.log_level)
     if args.command == "demo":
         from .demo import run_demo

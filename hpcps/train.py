@@ -302,6 +302,8 @@ def _work(cfg, ctx, data, tables, steps, start=0, resume_from=None, ckpt=None, s
                    "push_ms": 1e3 * sum(t.stats.push_seconds - p[1] for t, p in zip(tables, pulls0)) /
                    max(step + 1 - last_step, 1),
                    "rows_per_ps": [int(sum(t.stats.rows_per_ps[p] for t in tables)) for p in range(ctx.num_ps)],
+                   "bytes_per_ps": [int(sum(t.stats.rows_per_ps[p] * t.dim * 4 for t in tables))
+                                    for p in range(ctx.num_ps)],
                    "staleness_counts": {str(k): v for k, v in sorted(stale_counts.items())},
                    "time_breakdown_s": {k: round(v, 6) for k, v in timing.items()}}
             timing = dict.fromkeys(timing, 0.0)

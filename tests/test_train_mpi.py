@@ -1,6 +1,7 @@
 """Training under a real mpiexec: sync equals single-process PyTorch, async converges, SSP bounds staleness."""
 
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -121,6 +122,11 @@ def test_train_end_to_end_metrics_and_final_line(tmp_path):
     assert len(mem["ps_peak_rss_mb"]) == 1 and len(mem["worker_peak_rss_mb"]) == 3
     assert mem["ps_peak_rss_mb"][0] > mem["ps_table_mb"][0] > 0
     assert recs[-1]["final"]["memory"] == mem
+    rep = __import__("subprocess").run([sys.executable, "-m", "hpcps", "report", str(metrics), "--out",
+                                        str(tmp_path / "report")], capture_output=True, text=True, timeout=120)
+    assert rep.returncode == 0, rep.stderr
+    assert {p.name for p in (tmp_path / "report").iterdir()} >= {"loss.png", "time_breakdown.png", "summary.md"}
+    assert "- auc: " in (tmp_path / "report" / "summary.md").read_text()
     assert "eval" in steps[1] and "auc" in steps[1]["eval"]
     assert sum(steps[-1]["rows_per_ps"]) > 0
     assert "final" in recs[-1]

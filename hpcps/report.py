@@ -1,0 +1,236 @@
+"""``hpcps report``: PNG plots and a markdown summary from a training's metrics and the benchmarks.
+
+Input: a metrics JSONL file (``metrics.path`` of ``hpcps train``), or a results directory,
+whose ``*.jsonl`` metrics files and ``bench_*.json`` benchmark results are all read. Output,
+in ``--out``: ``loss.png`` (loss and eval AUC against step and against time),
+``throughput.png``, ``time_breakdown.png``, ``staleness.png``, ``load_balance.png`` (rows and
+bytes per PS rank), ``checkpoints.png`` (stall and write time per checkpoint, when the job took
+any) and ``summary.md`` (the final figures and the benchmark ratios). Headless (matplotlib's
+Agg backend). Local; no MPI.
+"""
+
+import json
+from pathlib import Path
+
+__all__ = ["load_metrics", "write_report"]
+
+PHASES = ("data", "idle", "pull", "forward_backward", "push", "dense_allreduce")
+
+
+def load_metrics(path) -> list[dict]:
+    """The runs of one metrics file, in order (a resumed job appends its run to the same file):
+    ``[{"steps": [...], "checkpoints": [...], "final": {...} | None, "path", "offset"}]``, where
+    ``offset`` is the run's start on a time axis that continues across runs."""
+    runs, cur = [], {"steps": [], "checkpoints": [], "final": None}
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError as e:
+                raise ValueError(f"{path}:{n}: not a JSON line ({e})") from None
+            if "final" in rec:
+                cur["final"] = rec["final"]
+                runs.append(cur)
+                cur = {"steps": [], "checkpoints": [], "final": None}
+            elif "checkpoint" in rec:
+                cur["checkpoints"].append(rec)
+            elif "step" in rec:
+                if cur["steps"] and rec["step"] <= cur["steps"][-1]["step"]:   # a run that never finished
+                    runs.append(cur)
+                    cur = {"steps": [], "checkpoints": [], "final": None}
+                cur["steps"].append(rec)
+    if cur["steps"] or cur["checkpoints"]:
+        runs.append(cur)
+    offset = 0.0
+    for i, r in enumerate(runs):
+        r["path"], r["offset"] = str(path), offset
+        r["name"] = Path(path).stem + (f" run {i + 1}" if len(runs) > 1 else "")
+        times = [s["time"] for s in r["steps"]] + [c["time"] for c in r["checkpoints"]]
+        offset += max(times, default=0.0)
+    return runs
+
+
+def _sources(src: Path):
+    if src.is_file():
+        return [src], []
+    if not src.is_dir():
+        raise ValueError(f"no such file or directory: {src}")
+    metrics = sorted(p for p in src.glob("*.jsonl"))
+    benches = sorted(p for p in src.glob("bench_*.json"))
+    if not metrics and not benches:
+        raise ValueError(f"{src} holds no *.jsonl metrics and no bench_*.json results")
+    return metrics, benches
+
+
+def write_report(src, out) -> list[Path]:
+    """Write the plots and ``summary.md`` for ``src`` into ``out``; returns the files written. Local."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    src, out = Path(src), Path(out)
+    metric_files, bench_files = _sources(src)
+    runs = [r for p in metric_files for r in load_metrics(p) if r["steps"]]
+    if metric_files and not runs:
+        raise ValueError(f"no step records in {', '.join(map(str, metric_files))} (set job.log_every)")
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+
+    def save(fig, name):
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=100)
+        plt.close(fig)
+        written.append(out / name)
+
+    def label(r):
+        return r["name"]
+
+    if runs:
+        fig, axes = plt.subplots(2, 2, figsize=(10, 7))
+        for i, r in enumerate(runs):
+            st, color = r["steps"], f"C{i % 10}"
+            x, loss = [s["step"] for s in st], [s["loss"] for s in st]
+            t = [r["offset"] + s["time"] for s in st]
+            axes[0][0].plot(x, loss, color=color, label=label(r))
+            axes[0][1].plot(t, loss, color=color, label=label(r))
+            ev = [(s["step"], r["offset"] + s["time"], s["eval"]["auc"]) for s in st if "auc" in s.get("eval", {})]
+            if r["final"] and "auc" in r["final"]:
+                ev.append((r["final"]["steps"], t[-1], r["final"]["auc"]))
+            if ev:
+                axes[1][0].plot([e[0] for e in ev], [e[2] for e in ev], "o-", color=color, label=label(r))
+                axes[1][1].plot([e[1] for e in ev], [e[2] for e in ev], "o-", color=color, label=label(r))
+        for ax, (xl, yl) in zip(axes.flat, [("step", "train loss"), ("time (s)", "train loss"),
+                                            ("step", "eval AUC"), ("time (s)", "eval AUC")]):
+            ax.set_xlabel(xl)
+            ax.set_ylabel(yl)
+            ax.grid(alpha=0.3)
+        axes[0][0].legend(fontsize=8)
+        save(fig, "loss.png")
+
+        fig, ax = plt.subplots(figsize=(8, 4))
+        for r in runs:
+            ax.plot([s["step"] for s in r["steps"]], [s["samples_per_s"] for s in r["steps"]], label=label(r))
+        ax.set_xlabel("step")
+        ax.set_ylabel("samples/s (global)")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        save(fig, "throughput.png")
+
+        fig, ax = plt.subplots(figsize=(8, 4))
+        r = runs[-1]
+        recs = [s for s in r["steps"] if set(PHASES) <= set(s.get("time_breakdown_s", {}))]
+        if recs:
+            x = list(range(len(recs)))
+            bottom = [0.0] * len(recs)
+            for ph in PHASES:
+                per_step = []
+                last = r["final"]["start_step"] if r["final"] else recs[0]["step"] - (
+                    recs[1]["step"] - recs[0]["step"] if len(recs) > 1 else recs[0]["step"])
+                for s in recs:
+                    n = s["step"] - last
+                    last = s["step"]
+                    per_step.append(1e3 * s["time_breakdown_s"][ph] / max(n, 1))
+                ax.bar(x, per_step, bottom=bottom, label=ph.replace("_", " "))
+                bottom = [b + v for b, v in zip(bottom, per_step)]
+            ax.set_xticks(x, [str(s["step"]) for s in recs], rotation=45, fontsize=7)
+            ax.set_xlabel("up to step")
+            ax.set_ylabel("ms per step, worker 0")
+            ax.legend(fontsize=8, ncol=3)
+        ax.set_title(label(r))
+        save(fig, "time_breakdown.png")
+
+        fig, ax = plt.subplots(figsize=(6, 4))
+        counts = {}
+        for s in r["steps"]:
+            for k, v in s.get("staleness_counts", {}).items():
+                counts[int(k)] = counts.get(int(k), 0) + v
+        if counts:
+            ks = sorted(counts)
+            ax.bar(ks, [counts[k] for k in ks])
+        ax.set_xlabel("staleness (steps) seen by worker 0 at step begin")
+        ax.set_ylabel("steps")
+        ax.set_title(label(r))
+        save(fig, "staleness.png")
+
+        fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
+        last = r["steps"][-1]
+        rows = last.get("rows_per_ps", [])
+        nbytes = last.get("bytes_per_ps", [])
+        axes[0].bar(range(len(rows)), rows)
+        axes[0].set_ylabel("rows pulled by worker 0")
+        axes[1].bar(range(len(nbytes)), [b / 1e6 for b in nbytes])
+        axes[1].set_ylabel("MB pulled by worker 0")
+        for ax in axes:
+            ax.set_xlabel("PS rank")
+            ax.set_xticks(range(len(rows)))
+        save(fig, "load_balance.png")
+
+        ck = [c for run in runs for c in run["checkpoints"]]
+        timings = [t for run in runs if run["final"] for t in run["final"].get("checkpoint_timings", [])]
+        if ck or timings:
+            fig, ax = plt.subplots(figsize=(7, 4))
+            if ck:
+                ax.plot([c["checkpoint"] for c in ck], [1e3 * c["stall_s"] for c in ck], "o-", label="stall (training paused)")
+            if timings:
+                ax.plot([t["step"] for t in timings], [1e3 * t["write_s"] for t in timings], "s--",
+                        label="request to commit (background)")
+            ax.set_xlabel("checkpoint at step")
+            ax.set_ylabel("ms")
+            ax.set_ylim(bottom=0)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+            save(fig, "checkpoints.png")
+
+    (out / "summary.md").write_text(_summary(runs, bench_files, written))
+    written.append(out / "summary.md")
+    return written
+
+
+def _summary(runs, bench_files, plots) -> str:
+    lines = ["# hpcps report", ""]
+    for r in runs:
+        f, last = r["final"] or {}, r["steps"][-1]
+        lines += [f"## {r['name']}", ""]
+        if f:
+            lines.append(f"- steps {f.get('start_step', 0)} -> {f.get('steps')}, {f.get('num_ps')} PS, "
+                         f"{f.get('num_workers')} workers, mode {f.get('mode')}")
+            for k in ("auc", "planted_auc", "logloss", "rmse", "mae"):
+                if k in f:
+                    lines.append(f"- {k}: {f[k]:.4f}")
+            lines.append(f"- samples/s over the whole loop: {f.get('samples_per_s', 0):,.0f}")
+            lines.append(f"- max staleness: {f.get('max_staleness', 0)}")
+            if f.get("checkpoints"):
+                lines.append(f"- checkpoints: {len(f['checkpoints'])}, worst stall "
+                             f"{1e3 * f.get('checkpoint_stall_s', 0):.0f} ms")
+            mem = f.get("memory")
+            if mem:
+                lines.append(f"- peak RSS: PS {mem['ps_peak_rss_mb']} MB (tables {mem['ps_table_mb']} MB), "
+                             f"workers {mem['worker_peak_rss_mb']} MB")
+        tb = {}
+        for s in r["steps"]:
+            for k, v in s.get("time_breakdown_s", {}).items():
+                tb[k] = tb.get(k, 0.0) + v
+        total = sum(tb.values())
+        if total:
+            lines.append("- worker 0's time: " + ", ".join(f"{k.replace('_', ' ')} {100 * v / total:.0f}%"
+                                                           for k, v in tb.items()))
+        rows = last.get("rows_per_ps", [])
+        if len(rows) > 1 and sum(rows):
+            lines.append(f"- load balance: max/mean rows per PS = {max(rows) / (sum(rows) / len(rows)):.2f}")
+        lines.append("")
+    for b in bench_files:
+        data = json.loads(b.read_text())
+        lines += [f"## {b.name}", ""]
+        targets = data.get("targets", {})
+        for k, v in data.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and ("_vs_" in k or "ratio" in k):
+                t = targets.get(k)
+                lines.append(f"- {k}: {v:.2f}" + (f" (target {t})" if t is not None else ""))
+        lines.append("")
+    if plots:
+        lines += ["## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots] + [""]
+    return "\n".join(lines)

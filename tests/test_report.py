@@ -1,0 +1,70 @@
+"""hpcps report: plots and summary from metrics files (restarted runs appended) and bench results."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from hpcps.report import load_metrics, write_report
+from mpirun import ROOT
+
+
+def _step(step, t, stale=0):
+    return {"time": t, "step": step, "loss": 1.0 / step, "samples_per_s": 1000.0 + step, "staleness": stale,
+            "rows_per_ps": [10 * step, 12 * step], "bytes_per_ps": [640 * step, 768 * step],
+            "staleness_counts": {str(stale): 10},
+            "time_breakdown_s": {"data": 0.01, "idle": 0.02, "pull": 0.01, "forward_backward": 0.05, "push": 0.02,
+                                 "dense_allreduce": 0.01}}
+
+
+def _metrics(path):
+    recs = [_step(10, 1.0), _step(20, 2.0, 1), {"time": 2.1, "checkpoint": 20, "stall_s": 0.05},
+            _step(30, 3.0)]                                    # killed: no final line
+    recs += [_step(30, 1.0), _step(40, 2.0, 2), {"time": 2.5, "final": {
+        "auc": 0.8, "planted_auc": 0.85, "logloss": 0.4, "steps": 40, "start_step": 20, "num_ps": 2,
+        "num_workers": 3, "mode": "ssp:2", "samples_per_s": 1234.0, "max_staleness": 2, "checkpoints": [40],
+        "checkpoint_timings": [{"step": 40, "kind": "full", "bytes": 100, "stall_s": 0.04, "write_s": 0.3}],
+        "checkpoint_stall_s": 0.04,
+        "memory": {"ps_peak_rss_mb": [300.0, 301.0], "ps_table_mb": [1.0, 1.0], "worker_peak_rss_mb": [400.0]}}}]
+    path.write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+
+
+def test_runs_of_a_resumed_job_are_split_and_continue_in_time(tmp_path):
+    _metrics(tmp_path / "m.jsonl")
+    runs = load_metrics(tmp_path / "m.jsonl")
+    assert [[s["step"] for s in r["steps"]] for r in runs] == [[10, 20, 30], [30, 40]]
+    assert runs[0]["final"] is None and runs[1]["final"]["steps"] == 40
+    assert runs[1]["offset"] == 3.0 and len(runs[0]["checkpoints"]) == 1
+
+
+def test_report_writes_plots_and_a_summary_with_bench_ratios(tmp_path):
+    res = tmp_path / "results"
+    res.mkdir()
+    _metrics(res / "m.jsonl")
+    (res / "bench_e2e.json").write_text(json.dumps({"hpcps_vs_torch_rpc": 0.98, "targets": {"hpcps_vs_torch_rpc": 2.0}}))
+    files = write_report(res, tmp_path / "report")
+    names = {f.name for f in files}
+    assert names == {"loss.png", "throughput.png", "time_breakdown.png", "staleness.png", "load_balance.png",
+                     "checkpoints.png", "summary.md"}
+    for f in files:
+        if f.suffix == ".png":
+            assert f.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f.stat().st_size > 5000
+    md = (tmp_path / "report" / "summary.md").read_text()
+    assert "## m run 1" in md and "## m run 2" in md and "auc: 0.8000" in md
+    assert "hpcps_vs_torch_rpc: 0.98 (target 2.0)" in md and "load balance: max/mean rows per PS = 1.09" in md
+    assert "peak RSS: PS [300.0, 301.0] MB" in md and "![loss](loss.png)" in md
+
+
+def test_report_errors_name_the_problem(tmp_path):
+    with pytest.raises(ValueError, match="no such file or directory"):
+        write_report(tmp_path / "nope", tmp_path / "r")
+    with pytest.raises(ValueError, match="holds no"):
+        write_report(tmp_path, tmp_path / "r")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"step": 1}\nnot json\n')
+    with pytest.raises(ValueError, match="bad.jsonl:2: not a JSON line"):
+        write_report(bad, tmp_path / "r")
+    r = subprocess.run([sys.executable, "-m", "hpcps", "report", str(bad), "--out", str(tmp_path / "r")],
+                       capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 2 and "bad.jsonl:2" in r.stderr
