@@ -33,12 +33,12 @@ def final(stdout):
     return [json.loads(line) for line in stdout.splitlines() if line.startswith('{"final"')][-1]["final"]
 
 
-def bench_hpcps(config, steps, warmup, ranks, tmp):
+def bench_hpcps(config, steps, warmup, ranks, tmp, extra=()):
     """hpcps train; the rate from worker 0's per-step metrics between step ``warmup`` and the end."""
     metrics = Path(tmp) / "hpcps_e2e.jsonl"
     base = ["-m", "hpcps", "train", "--config", config, "--set", "metrics.progress=false",
             f"metrics.path={metrics}", "job.log_every=1", "job.eval_every=0", "data.eval_samples=1000",
-            f"job.steps={steps}"]
+            f"job.steps={steps}", *extra]
     full = final(run_mpi(ranks, base, timeout=1200).stdout)
     times = {r["step"]: r["time"] for r in map(json.loads, metrics.read_text().splitlines()) if "step" in r}
     B = round(full["samples_per_s"] * full["elapsed_s"] / max(full["steps"], 1))

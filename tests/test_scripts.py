@@ -83,3 +83,28 @@ def test_bench_e2e_smoke(tmp_path):
     for k in ("hpcps", "torch_rpc", "single_process"):
         assert r["results"][k]["samples_per_s"] > 0 and r["results"][k]["steps"] == 8
     assert r["hpcps_vs_torch_rpc"] > 0 and r["hpcps_per_core_vs_single_process"] > 0
+
+
+def test_bench_sparse_grid_smoke(tmp_path):
+    import subprocess
+    import sys
+    out = tmp_path / "grid.json"
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_sparse_grid.py"), "--rows", "20000", "--batches",
+                    "512", "--dims", "16", "--num-ps", "1", "2", "--rows-per-point", "4096", "--out", str(out)],
+                   check=True, capture_output=True, timeout=600, env=__import__("mpirun").mpi_env())
+    r = json.loads(out.read_text())
+    assert [(p["num_ps"], p["dim"], p["batch"]) for p in r["points"]] == [(1, 16, 512), (2, 16, 512)]
+    assert all(p["pull_mrows_per_s"] > 0 and p["pull_vs_local_gather"] > 0 for p in r["points"])
+
+
+def test_bench_scaling_smoke(tmp_path):
+    import subprocess
+    import sys
+    out = tmp_path / "scaling.json"
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_scaling.py"), "--config",
+                    str(ROOT / "tests" / "configs" / "tiny_ctr.toml"), "--steps", "12", "--warmup", "4",
+                    "--out", str(out)], check=True, capture_output=True, timeout=600,
+                   env=__import__("mpirun").mpi_env())
+    r = json.loads(out.read_text())
+    assert [(p["num_ps"], p["workers"]) for p in r["points"]] == [(1, 1), (1, 2), (1, 3), (2, 3)]
+    assert r["points"][0]["efficiency_per_core"] == 1.0 and all(p["samples_per_s"] > 0 for p in r["points"])
