@@ -136,7 +136,8 @@ def write_report(src, out) -> list[Path]:
                     per_step.append(1e3 * s["time_breakdown_s"][ph] / max(n, 1))
                 ax.bar(x, per_step, bottom=bottom, label=ph.replace("_", " "))
                 bottom = [b + v for b, v in zip(bottom, per_step)]
-            ax.set_xticks(x, [str(s["step"]) for s in recs], rotation=45, fontsize=7)
+            every = max(1, len(recs) // 15)                  # at most ~15 labels
+            ax.set_xticks(x[::every], [str(s["step"]) for s in recs][::every], rotation=45, fontsize=7)
             ax.set_xlabel("up to step")
             ax.set_ylabel("ms per step, worker 0")
             ax.legend(fontsize=8, ncol=3)
@@ -230,6 +231,10 @@ def _summary(runs, bench_files, plots) -> str:
             if isinstance(v, (int, float)) and not isinstance(v, bool) and ("_vs_" in k or "ratio" in k):
                 t = targets.get(k)
                 lines.append(f"- {k}: {v:.2f}" + (f" (target {t})" if t is not None else ""))
+        for pt in data.get("points", []):            # grids and scaling runs: one line per point
+            shown = [f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in pt.items()
+                     if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "iters"]
+            lines.append("- " + ", ".join(shown))
         lines.append("")
     if plots:
         lines += ["## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots] + [""]
