@@ -13,6 +13,7 @@ import traceback
 
 from mpi4py import MPI
 
+from ._malloc import pin_mmap_threshold
 from .errors import FreedError, RoleError
 from .layout import check_launch, check_num_ps, spread_ps
 from .sparse.control import StepControl, parse_mode
@@ -59,6 +60,7 @@ def init(num_ps: int | None = None, comm: MPI.Comm | None = None, *,
     before any communication when the world is smaller than the launch (tasks
     that each run as rank 0 of 1: see :func:`hpcps.layout.check_launch`).
     """
+    pin_mmap_threshold()                  # no heap growth over a long run (see hpcps/_malloc.py)
     world = MPI.COMM_WORLD if comm is None else comm
     if world is MPI.COMM_WORLD:
         check_launch(world.Get_size(), os.environ)
