@@ -32,13 +32,16 @@ def main():
     ap.add_argument("--ranks", type=int, default=3)
     ap.add_argument("--dir", default="/tmp/hpcps-fault")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--rows", type=int, default=20_000,
+                    help="rows per table (3 tables, dim 4, Adam state; default 20000: ~1 MB per checkpoint, "
+                         "large enough that the bulk is written by pwrite)")
     ap.add_argument("--out", default="results/fault_checkpoint.json")
     a = ap.parse_args()
     ck = Path(a.dir)
     shutil.rmtree(ck, ignore_errors=True)
     base = ["-m", "hpcps", "train", "--config", ROOT / "tests" / "configs" / "tiny_ctr.toml", "--set",
             "optimizer.sparse.name=adam", "metrics.progress=false", f"checkpoint.dir={ck}", "checkpoint.keep=2",
-            "data.rows_per_table=200000"]
+            f"data.rows_per_table={a.rows}"]
     rng = random.Random(a.seed)
     res = {"trials": 0, "corrupt_committed": 0, "restarts": 0, "loaded_verified": 0, "restart_failures": 0}
     for trial in range(a.trials):

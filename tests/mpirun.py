@@ -64,6 +64,7 @@ def run_mpi(n: int, argv, timeout: float = 120, env=None, mpi4py_run: bool = Tru
         except ProcessLookupError:
             pass
         if proc.returncode != 0:    # nor its shared memory, when it was killed or aborted
+            _wait_group_gone(proc.pid)
             clean_shm(started)
     result = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
     if check and proc.returncode != 0:
@@ -103,25 +104,30 @@ def rank_pid(tag: str, rank: int):
     return None
 
 
-def clean_shm(since: float) -> int:
-    """Remove MPICH shared-memory segments (/dev/shm/mpich_shm_*) made since ``since`` that no
-    live process maps: a job killed with -9 leaves its segments behind. Returns the count."""
+def clean_shm(since: float, wait: float = 5.0) -> int:
+    """Remove MPICH shared-memory segments (/dev/shm/mpich_shm_*) made since ``since`` once no
+    live process maps them: a job killed with -9 leaves its segments behind. The ranks of a
+    killed launch die a moment after their launcher (Hydra puts each in a session of its own),
+    so segments still mapped are retried for up to ``wait`` seconds. Returns the count removed."""
     shm = Path("/dev/shm")
-    mine = [p for p in shm.glob("mpich_shm_*") if p.stat().st_mtime >= since - 1]
-    if not mine:
-        return 0
-    mapped = set()
-    for maps in Path("/proc").glob("[0-9]*/maps"):
-        try:
-            mapped.update(line.split()[-1] for line in maps.read_text().splitlines() if "/dev/shm/" in line)
-        except OSError:
-            continue
-    n = 0
-    for p in mine:
-        if str(p) not in mapped:
-            p.unlink(missing_ok=True)
-            n += 1
-    return n
+    deadline, removed = time.time() + wait, 0
+    while True:
+        mine = [p for p in shm.glob("mpich_shm_*") if p.exists() and p.stat().st_mtime >= since - 1]
+        if not mine:
+            return removed
+        mapped = set()
+        for maps in Path("/proc").glob("[0-9]*/maps"):
+            try:
+                mapped.update(line.split()[-1] for line in maps.read_text().splitlines() if "/dev/shm/" in line)
+            except OSError:
+                continue
+        for p in mine:
+            if str(p) not in mapped:
+                p.unlink(missing_ok=True)
+                removed += 1
+        if len(mine) == sum(1 for p in mine if not p.exists()) or time.time() > deadline:
+            return removed
+        time.sleep(0.1)
 
 
 def reap(proc: subprocess.Popen, timeout: float = 60):
@@ -136,5 +142,17 @@ def reap(proc: subprocess.Popen, timeout: float = 60):
     except ProcessLookupError:
         pass
     if proc.returncode != 0 and hasattr(proc, "started_at"):
+        _wait_group_gone(proc.pid)
         clean_shm(proc.started_at)
     return proc.returncode, out, err
+
+
+def _wait_group_gone(pgid: int, timeout: float = 10.0) -> None:
+    """Wait until no process of the group is left (a killed rank maps its segments until it is gone)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
