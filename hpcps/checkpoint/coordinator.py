@@ -17,7 +17,6 @@ No push is half inside a checkpoint: between 1 and 4 no worker pushes.
 import logging
 import platform
 import shutil
-import threading
 import time
 from pathlib import Path
 
@@ -28,24 +27,12 @@ from .._version import __version__
 from ..errors import HpcpsError
 from ..sparse.window import Window
 from . import store
-from .shards import load_rows, read_dense, shard_file, write_dense, write_shard
+from .shards import Background, load_rows, read_dense, shard_file, write_dense, write_shard
 
 __all__ = ["Checkpointer", "restore_tables", "restore_dense"]
 
 logger = logging.getLogger(__name__)
 REQUEST, COPIED, WRITTEN, ERROR, KIND = 0, 1, 2, 3, 4      # control words; KIND: 0 full, 1 delta
-
-
-class _Writer(threading.Thread):
-    def __init__(self, fn):
-        super().__init__(daemon=True)
-        self.fn, self.error = fn, None
-
-    def run(self):
-        try:
-            self.fn()
-        except Exception as e:          # noqa: BLE001 - reported by the protocol
-            self.error = e
 
 
 class Checkpointer:
@@ -126,9 +113,9 @@ class Checkpointer:
         self._handled = req
         self._put(me, COPIED, req)
         path = store.tmp_dir(self.root, req) / shard_file(self.ctx.ps_rank)
-        self._writer = _Writer(lambda: write_shard(path, req, self.ctx.ps_rank, self.ctx.num_ps, snap,
-                                                   self.compression, self.file_mode))
-        self._writer.start()
+        # its error, if any, is reported through the protocol (ERROR word) by the next poll
+        self._writer = Background(write_shard, path, req, self.ctx.ps_rank, self.ctx.num_ps, snap,
+                               self.compression, self.file_mode)
 
     # -------------------------------------------------------------- worker side
     def checkpoint(self, step: int, model, optimizer) -> None:
@@ -165,9 +152,7 @@ class Checkpointer:
             extra = {"torch_rng": np.stack(rngs), "next_step": np.array(step),
                      "worker_positions": np.full(self.ctx.num_workers, step, np.int64)}
             path = store.tmp_dir(self.root, step) / "dense.h5"
-            self._writer = _Writer(lambda: write_dense(path, step, model_state, optim_state, extra,
-                                                                 self.file_mode))
-            self._writer.start()
+            self._writer = Background(write_dense, path, step, model_state, optim_state, extra, self.file_mode)
             self._pending = step
         self.stall_seconds.append(time.perf_counter() - t0)
         self.ctx.worker_comm.Barrier()

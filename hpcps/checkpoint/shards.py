@@ -12,7 +12,7 @@ import h5py
 import numpy as np
 from h5py import h5d, h5p
 
-from .store import FILE_MODE
+from .store import FILE_MODE, fsync_path
 
 __all__ = ["write_shard", "load_rows", "write_dense", "read_dense", "shard_file"]
 
@@ -23,8 +23,9 @@ def shard_file(ps: int) -> str:
     return f"ps-{ps:05d}.h5"
 
 
-class _Thread(threading.Thread):
-    """Run ``fn(*args)`` now; ``join()`` re-raises its exception here."""
+class Background(threading.Thread):
+    """Run ``fn(*args)`` now in a daemon thread; its exception is kept in ``error`` and
+    ``join()`` re-raises it here."""
 
     def __init__(self, fn, *args):
         super().__init__(daemon=True)
@@ -41,14 +42,6 @@ class _Thread(threading.Thread):
         super().join(timeout)
         if self.error is not None:
             raise self.error
-
-
-def _fsync(path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _payload(arrays) -> int:
@@ -95,7 +88,7 @@ class _File:
         the whole file in order (the blocks from memory, the bytes h5py wrote between them from
         the file); both release the GIL, so hashing hides behind the write. Returns the SHA-256."""
         blocks = sorted(((off, memoryview(b).cast("B")) for off, b in self.raw), key=lambda x: x[0])
-        writer = _Thread(self._pwrite_all, path, blocks)
+        writer = Background(self._pwrite_all, path, blocks)
         h = hashlib.sha256()
         with open(path, "rb") as f:
             pos = 0
@@ -146,7 +139,7 @@ def _create(path, payload: int, datasets: int, file_mode: int = FILE_MODE):
             out = _File(f)
             yield out
         digest = out.write_and_hash(path)
-        _fsync(path)
+        fsync_path(path)
     except Exception as e:
         with contextlib.suppress(OSError):
             os.unlink(path)
