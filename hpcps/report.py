@@ -113,11 +113,7 @@ def write_report(src, out) -> list[Path]:
         fig, ax = plt.subplots(figsize=(8, 4))
         for r in runs:
             ax.plot([s["step"] for s in r["steps"]], [s["samples_per_s"] for s in r["steps"]], label=label(r))
-        ax.set_xlabel("step")
-        ax.set_ylabel("samples/s (global)")
-        ax.set_ylim(bottom=0)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        _axes(ax, "step", "samples/s (global)")
         save(fig, "throughput.png")
 
         fig, ax = plt.subplots(figsize=(8, 4))
@@ -179,16 +175,21 @@ def write_report(src, out) -> list[Path]:
             if timings:
                 ax.plot([t["step"] for t in timings], [1e3 * t["write_s"] for t in timings], "s--",
                         label="request to commit (background)")
-            ax.set_xlabel("checkpoint at step")
-            ax.set_ylabel("ms")
-            ax.set_ylim(bottom=0)
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=8)
+            _axes(ax, "checkpoint at step", "ms")
             save(fig, "checkpoints.png")
 
     (out / "summary.md").write_text(_summary(runs, bench_files, written))
     written.append(out / "summary.md")
     return written
+
+
+def _axes(ax, xlabel: str, ylabel: str) -> None:
+    """Labels, a zero-based y axis, a light grid and a legend."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
 
 
 def _summary(runs, bench_files, plots) -> str:
