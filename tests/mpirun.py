@@ -64,7 +64,6 @@ def run_mpi(n: int, argv, timeout: float = 120, env=None, mpi4py_run: bool = Tru
         except ProcessLookupError:
             pass
         if proc.returncode != 0:    # nor its shared memory, when it was killed or aborted
-            _wait_group_gone(proc.pid)
             clean_shm(started)
     result = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
     if check and proc.returncode != 0:
@@ -142,17 +141,5 @@ def reap(proc: subprocess.Popen, timeout: float = 60):
     except ProcessLookupError:
         pass
     if proc.returncode != 0 and hasattr(proc, "started_at"):
-        _wait_group_gone(proc.pid)
         clean_shm(proc.started_at)
     return proc.returncode, out, err
-
-
-def _wait_group_gone(pgid: int, timeout: float = 10.0) -> None:
-    """Wait until no process of the group is left (a killed rank maps its segments until it is gone)."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.05)
