@@ -73,6 +73,23 @@ def _wait(env, job, timeout, on_pending=None, until=None):
     raise AssertionError(f"job {job} still {state} after {timeout} s")
 
 
+def _wait_stepd_gone(job, timeout=60):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if subprocess.run(["pgrep", "-f", rf"slurmstepd: \[{job}\."], capture_output=True).returncode:
+            return
+        time.sleep(0.5)
+
+
+def _diagnose(slurm, info, text) -> str:
+    """The job log's tail, what scontrol says about the job, and the daemons' logs' tails."""
+    logs = Path(slurm["HPCPS_SLURM_DIR"]) / "log"
+    tails = [f"--- {f.name}\n" + "\n".join(f.read_text(errors="replace").splitlines()[-25:])
+             for f in sorted(logs.glob("*.log"))]
+    keys = ("JobState", "Reason", "ExitCode", "Restarts", "BatchFlag", "StartTime", "EndTime")
+    return "\n".join([text[-3000:], "--- scontrol: " + str({k: info.get(k) for k in keys}), *tails])
+
+
 def _steps_done(metrics: Path) -> int:
     if not metrics.exists():
         return 0
@@ -99,14 +116,18 @@ def test_time_limit_signal_checkpoints_requeues_and_resumes_equal_to_straight(sl
     requeued = []
 
     def release(info):
-        # a requeued job waits ~2 min (BeginTime); start it now and give the next run room to finish
-        if info.get("Reason") == "BeginTime":
+        # A requeued job waits ~2 min (BeginTime): start it sooner, once per requeue, and give the
+        # next run room to finish. Not at once: Slurm's hold also keeps the relaunch off the old
+        # run's clean-up (its daemons, its revoked credential), so wait for the old batch step's
+        # slurmstepd to end and start 5 s later.
+        if info.get("Reason") == "BeginTime" and info.get("Restarts") not in requeued:
             requeued.append(info.get("Restarts"))
-            subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now", "TimeLimit=10"],
+            _wait_stepd_gone(job)
+            subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now+5", "TimeLimit=10"],
                            env=env, timeout=30)
     info = _wait(env, job, 480, on_pending=release)
     text = log.read_text()
-    assert info["JobState"] == "COMPLETED", text[-3000:]
+    assert info["JobState"] == "COMPLETED", _diagnose(slurm, info, text)
     assert int(info["Restarts"]) >= 1 and requeued
     assert "SIGUSR1" in text and "requeueing job" in text and "training finished" in text
     runs = re.findall(r"hpcps-sbatch: job \d+ run (\d+) \(restart (\d+)", text)
@@ -126,7 +147,7 @@ def test_scancel_leaves_a_verified_checkpoint_and_does_not_requeue(slurm, tmp_pa
     subprocess.run(["scancel", job], env=env, check=True, timeout=30)
     info = _wait(env, job, 120)
     text = log.read_text()
-    assert info["JobState"] == "CANCELLED" and int(info["Restarts"]) == 0, text[-3000:]
+    assert info["JobState"] == "CANCELLED" and int(info["Restarts"]) == 0, _diagnose(slurm, info, text)
     assert "SIGTERM" in text and "cancelled; not requeueing" in text and "Resume by hand" in text
     newest = store.newest_verified(ck)
     assert newest is not None and store.read_manifest(newest)["step"] >= 3
@@ -143,7 +164,7 @@ def test_past_the_restart_limit_it_stops_requeueing_and_says_why(slurm, tmp_path
     subprocess.run(["scancel", "--signal=USR1", "--batch", job], env=env, check=True, timeout=30)
     info = _wait(env, job, 120)
     text = log.read_text()
-    assert info["JobState"] == "FAILED" and info["ExitCode"] == "85:0", text[-3000:]
+    assert info["JobState"] == "FAILED" and info["ExitCode"] == "85:0", _diagnose(slurm, info, text)
     assert int(info["Restarts"]) == 0 and "requeueing job" not in text
     assert "not requeueing: restart 0 reached HPCPS_MAX_RESTARTS=0" in text
     newest = store.newest_verified(ck)
