@@ -108,6 +108,14 @@ class CheckpointConfig:
 
 
 @dataclass
+class PipelineConfig:
+    prefetch: bool = True       # pull step t+1's rows while step t computes (exact in sync mode)
+    background_push: bool = True  # pushes and prefetches run on a communication thread
+    cache_rows: int = 0         # worker-side cache of hot rows per table (0 = off; async or ssp only)
+    cache_staleness: int = 2    # a cached row older than this many steps is pulled again
+
+
+@dataclass
 class MetricsConfig:
     path: str = ""              # JSONL file ("" = none)
     progress: bool = True       # tqdm bar on worker 0
@@ -120,6 +128,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
     def to_dict(self) -> dict:
@@ -299,6 +308,12 @@ def validate(cfg: Config) -> None:
            "nccl needs model.device = cuda")
     _check(not (m.device == "cuda" and m.dense_backend == "mpi"), "model.dense_backend", m.dense_backend,
            "mpi all-reduces CPU tensors; use auto or nccl with model.device = cuda")
+    pl = cfg.pipeline
+    _check(pl.cache_rows >= 0, "pipeline.cache_rows", pl.cache_rows, "must be >= 0")
+    _check(pl.cache_staleness >= 0, "pipeline.cache_staleness", pl.cache_staleness, "must be >= 0")
+    _check(pl.cache_rows == 0 or j.mode != "sync", "pipeline.cache_rows", pl.cache_rows,
+           "a cache serves rows up to pipeline.cache_staleness steps old, and job.mode = sync promises "
+           "fresh rows: use job.mode = async or ssp:S, or cache_rows = 0")
     c = cfg.checkpoint
     _check(c.every_steps >= 0 and c.every_seconds >= 0, "checkpoint.every_steps", c.every_steps, "must be >= 0")
     _check(c.keep >= 0, "checkpoint.keep", c.keep, "must be >= 0")

@@ -31,7 +31,9 @@ from .models import DLRM, MatrixFactorization
 from .nn import ShardedEmbeddingBag
 from .sparse import EmbeddingTable
 from .sparse.optimizers import LRSchedule
+from .sparse.pipeline import CommThread, RowCache
 from .stopping import EXIT_CHECKPOINTED, StopRequest
+from .sparse.control import parse_mode
 from .topology import init
 
 __all__ = ["train", "total_steps", "table_specs", "dense_optimizer", "dense_schedule", "EXIT_CHECKPOINTED"]
@@ -156,9 +158,11 @@ def train(cfg: Config) -> dict | None:
         steps = total_steps(cfg, data)
         sparse_opt = build_sparse_optimizer(cfg.optimizer.sparse, steps)
         c = cfg.checkpoint
+        kind, _ = parse_mode(ctx.mode)
         tables = [EmbeddingTable(ctx, name, rows, dim, optimizer=sparse_opt, seed=cfg.job.seed,
                                  init_scale=scale, transport=cfg.job.transport,
-                                 track_dirty=bool(c.dir) and c.full_every > 1)
+                                 track_dirty=bool(c.dir) and c.full_every > 1,
+                                 track_versions=cfg.pipeline.prefetch and kind != "async")
                   for name, rows, dim, scale in table_specs(cfg, data)]
         stop = StopRequest(c.dir)
         ckpt, resume_from, start = None, None, 0
@@ -212,8 +216,37 @@ def train(cfg: Config) -> dict | None:
     return world.bcast(summary, root=first_worker)
 
 
-def _pull_push_seconds(tables) -> tuple[float, float]:
-    return sum(t.stats.pull_seconds for t in tables), sum(t.stats.push_seconds for t in tables)
+def _waits(embs) -> tuple[float, float]:
+    return sum(e.pull_wait_s for e in embs), sum(e.push_wait_s for e in embs)
+
+
+def _pipeline_rates(embs, totals: dict) -> dict:
+    """Cache hit rate and the share of prefetched rows pulled again, since the last call (this
+    worker's view); adds the counts to ``totals``. Local."""
+    out = {}
+    counts = [e.cache.take_counts() for e in embs if e.cache is not None]
+    pre, again = sum(e.prefetched_rows for e in embs), sum(e.refreshed_rows for e in embs)
+    for e in embs:
+        e.prefetched_rows = e.refreshed_rows = 0
+    for key, v in (("lookups", sum(c[0] for c in counts)), ("hits", sum(c[1] for c in counts)),
+                   ("prefetched", pre), ("refreshed", again)):
+        totals[key] = totals.get(key, 0) + v
+    if counts:
+        out["cache_hit_rate"] = sum(c[1] for c in counts) / max(sum(c[0] for c in counts), 1)
+    if pre:
+        out["prefetch_refreshed"] = again / pre
+    return out
+
+
+def _pipeline_summary(pl, comm_thread, embs, totals) -> dict:
+    _pipeline_rates(embs, totals)                      # counts since the last record
+    out = {"prefetch": pl.prefetch, "background_push": comm_thread.enabled, "cache_rows": pl.cache_rows}
+    if pl.cache_rows:
+        out["cache_hit_rate"] = totals["hits"] / max(totals["lookups"], 1)
+        out["cache_staleness"] = pl.cache_staleness
+    if totals.get("prefetched"):
+        out["prefetch_refreshed"] = totals["refreshed"] / totals["prefetched"]
+    return out
 
 
 def _peak_rss() -> int:
@@ -232,7 +265,12 @@ def _work(cfg, ctx, data, tables, steps, start=0, resume_from=None, ckpt=None, s
         device = torch.device("cuda", local.Get_rank() % torch.cuda.device_count())
         local.Free()
         torch.cuda.set_device(device)
-    embs = [ShardedEmbeddingBag(t, mode="sum", grad_scale=1.0 / W, device=device) for t in tables]
+    pl = cfg.pipeline
+    kind, bound = parse_mode(ctx.mode)
+    comm_thread = CommThread(enabled=pl.background_push)
+    caches = [RowCache(pl.cache_rows, t.dim, pl.cache_staleness) if pl.cache_rows else None for t in tables]
+    embs = [ShardedEmbeddingBag(t, mode="sum", grad_scale=1.0 / W, device=device, comm=comm_thread, cache=cache)
+            for t, cache in zip(tables, caches)]
     model = build_model(cfg, embs, data).to(device)
     dense = DenseSync(model, comm, backend=cfg.model.dense_backend, bucket_mb=cfg.model.bucket_mb)
     opt = dense_optimizer(cfg.optimizer.dense, model.parameters())
@@ -252,24 +290,38 @@ def _work(cfg, ctx, data, tables, steps, start=0, resume_from=None, ckpt=None, s
         bar = tqdm(total=steps, initial=start, desc="train", unit="step", dynamic_ncols=True)
     B = cfg.data.batch_size
     # per-step time of worker 0 by phase (seconds since the last record): idle = waiting in
-    # step_begin for the mode's fence, pull/push = inside table pulls/pushes (forward/backward)
+    # step_begin for the mode's fence; pull / push = this thread waiting for its pulls / pushes
+    # (with the pipeline on, most of that work runs on the communication thread meanwhile)
     timing = dict.fromkeys(("data", "idle", "pull", "forward_backward", "push", "dense_allreduce"), 0.0)
     stale_counts = {}
     t_start = last_t = time.perf_counter()
     last_step, loss_acc, n_acc = start, 0.0, 0
     pulls0 = [(t.stats.pull_seconds, t.stats.push_seconds) for t in tables]
+    next_batch, pipe_totals = None, {}
     for step in range(start, steps):
         t0 = time.perf_counter()
         stale = ctx.step_begin(step)
         t1 = time.perf_counter()
-        batch = data.train_batch(step)
+        batch = next_batch if next_batch is not None else data.train_batch(step)
+        next_batch = None
         t2 = time.perf_counter()
-        pp0 = _pull_push_seconds(tables)
+        waits0 = _waits(embs)
+        for e in embs:
+            e.step = step
         loss, total = step_loss(model, batch, data.task, B, W, device)
+        t_data = 0.0
+        if pl.prefetch and step + 1 < steps:
+            # step t+1's rows are read now, while step t's pushes may still land: a row stamped
+            # above t - S afterwards is pulled again at t+1 (sync: S = 0), so nothing is missed
+            td = time.perf_counter()
+            next_batch = data.train_batch(step + 1)
+            t_data = time.perf_counter() - td
+            refresh = None if kind == "async" else step - bound
+            for e, ids in zip(embs, next_batch.sparse):
+                e.prefetch(ids, step + 1, refresh_above=refresh)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         t3 = time.perf_counter()
-        pull_s, push_s = (b - a for a, b in zip(pp0, _pull_push_seconds(tables)))
         dense.synchronize()
         t4 = time.perf_counter()
         if cfg.optimizer.dense.clip_norm:
@@ -280,12 +332,15 @@ def _work(cfg, ctx, data, tables, steps, start=0, resume_from=None, ckpt=None, s
         opt.step()
         if delay:
             time.sleep(delay)
+        for e in embs:
+            e.wait_pushes()
+        pull_s, push_s = (b - a for a, b in zip(waits0, _waits(embs)))
         ctx.step_end(step)
         timing["idle"] += t1 - t0
-        timing["data"] += t2 - t1
+        timing["data"] += t2 - t1 + t_data
         timing["pull"] += pull_s
         timing["push"] += push_s
-        timing["forward_backward"] += max(t3 - t2 - pull_s - push_s, 0.0)
+        timing["forward_backward"] += max(t3 - t2 - t_data - pull_s, 0.0)
         timing["dense_allreduce"] += t4 - t3
         stale_counts[stale] = stale_counts.get(stale, 0) + 1
         loss_acc += total
@@ -305,6 +360,7 @@ def _work(cfg, ctx, data, tables, steps, start=0, resume_from=None, ckpt=None, s
                    "bytes_per_ps": [int(sum(t.stats.rows_per_ps[p] * t.dim * 4 for t in tables))
                                     for p in range(ctx.num_ps)],
                    "staleness_counts": {str(k): v for k, v in sorted(stale_counts.items())},
+                   **_pipeline_rates(embs, pipe_totals),
                    "time_breakdown_s": {k: round(v, 6) for k, v in timing.items()}}
             timing = dict.fromkeys(timing, 0.0)
             stale_counts = {}
@@ -330,6 +386,9 @@ def _work(cfg, ctx, data, tables, steps, start=0, resume_from=None, ckpt=None, s
                 stopped = True
                 ckpt.wait_commit()
                 break
+    for e in embs:                                     # a prefetch no step will use must still end
+        e.discard_prefetch()
+    comm_thread.close()
     if bar is not None:
         bar.close()
     if ckpt is not None and not stopped:
@@ -356,5 +415,6 @@ def _work(cfg, ctx, data, tables, steps, start=0, resume_from=None, ckpt=None, s
              "checkpoint_stall_s": max(ckpt.stall_seconds) if ckpt is not None and ckpt.stall_seconds else 0.0,
              "samples_per_s": ran * B / max(elapsed, 1e-9),
              "elapsed_s": elapsed, "num_ps": ctx.num_ps, "num_workers": W, "mode": ctx.mode,
-             "max_staleness": max(flat) if flat else 0, "data": data.stats}
+             "max_staleness": max(flat) if flat else 0, "data": data.stats,
+             "pipeline": _pipeline_summary(pl, comm_thread, embs, pipe_totals)}
     return final, log

@@ -56,6 +56,10 @@ def test_file_errors_name_the_key(tmp_path, text, msg):
     (["job.steps=0"], "synthetic data is endless"),
     (["checkpoint.dir_mode=rwx"], "checkpoint.dir_mode = 'rwx': must be an octal permission"),
     (["checkpoint.file_mode=0o1777"], "checkpoint.file_mode = '0o1777'"),
+    (["pipeline.cache_rows=100"], "pipeline.cache_rows = 100: a cache serves rows up to"),
+    (["pipeline.cache_rows=-1", "job.mode=async"], "pipeline.cache_rows = -1: must be >= 0"),
+    (["pipeline.cache_staleness=-2"], "pipeline.cache_staleness = -2"),
+    (["pipeline.prefetch=maybe"], "pipeline.prefetch = 'maybe' (--set): expected bool"),
 ])
 def test_bad_values_name_the_key(sets, msg):
     with pytest.raises(ValueError, match=msg.replace("(", "\\(").replace(")", "\\)")):

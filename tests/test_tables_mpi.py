@@ -75,3 +75,10 @@ def test_num_ps_from_environment():
     assert r.stdout.count("num_ps=3 leaves no worker") == 3
     r = run_mpi(3, ["init_errors.py", "env"], env={"HPCPS_NUM_PS": "2"}, timeout=60)
     assert r.stdout.count("no error") == 3
+
+
+@pytest.mark.parametrize("n,num_ps,transport,opt", [(3, 1, "auto", "sgd"), (3, 1, "rma", "adagrad"),
+                                                     (4, 2, "rma", "sgd"), (4, 2, "auto", "adagrad")])
+def test_prefetch_before_other_workers_pushes_is_refreshed_exactly(n, num_ps, transport, opt):
+    r = run_mpi(n, ["prefetch_refresh.py", num_ps, transport, opt], timeout=120)
+    assert r.stdout.count("OK worker") == 2

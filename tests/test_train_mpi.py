@@ -77,12 +77,20 @@ def test_async_converges_like_sync():
     sets = ["job.steps=600", "data.num_tables=4", "data.rows_per_table=2000", "data.batch_size=512",
             "data.eval_samples=20000", "metrics.progress=false"]
     res = {}
-    for mode in ("sync", "async"):
-        r = run_mpi(4, ["-m", "hpcps", "train", "--set", f"job.mode={mode}", *sets], timeout=300)
-        res[mode] = _final(r.stdout)
+    runs = {"sync": ["job.mode=sync"], "async": ["job.mode=async"],
+            "cached": ["job.mode=async", "pipeline.cache_rows=4096", "pipeline.cache_staleness=3"]}
+    for name, extra in runs.items():
+        r = run_mpi(4, ["-m", "hpcps", "train", "--set", *extra, *sets], timeout=300)
+        res[name] = _final(r.stdout)
     assert res["sync"]["auc"] > res["sync"]["planted_auc"] - 0.03        # it learned
     assert abs(res["async"]["auc"] - res["sync"]["auc"]) < 0.01
     assert res["async"]["mode"] == "async" and res["sync"]["max_staleness"] == 0
+    # a hot-row cache with rows up to 3 steps old: hot rows hit (Zipf), training still converges
+    pipe = res["cached"]["pipeline"]
+    assert 0.1 < pipe["cache_hit_rate"] < 1 and pipe["cache_staleness"] == 3, pipe
+    assert abs(res["cached"]["auc"] - res["sync"]["auc"]) < 0.015, (res["cached"]["auc"], res["sync"]["auc"])
+    # sync prefetches and pulls again what other workers changed meanwhile
+    assert res["sync"]["pipeline"]["prefetch"] and 0 < res["sync"]["pipeline"]["prefetch_refreshed"] < 1
 
 
 @pytest.mark.parametrize("bound", [1, 3])

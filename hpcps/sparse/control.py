@@ -138,8 +138,10 @@ class StepControl:
                     t._apply_staged(self.step)
                 self._publish(self.step + 1)
             return
-        for t in tables:                          # async / ssp / final: apply whatever is staged
-            t._apply_staged(max(complete, self.step) if final else complete)
+        # async / ssp / final: apply whatever is staged. A staged push comes from a step at most
+        # `bound` past the slowest worker's: stamp rows with that upper bound (row versions)
+        for t in tables:
+            t._apply_staged(max(complete, self.step) if final else complete, stamp=complete + self.bound + 1)
         if complete > self.step or final:
             self._publish(max(complete, self.step))
 

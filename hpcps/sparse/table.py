@@ -108,11 +108,17 @@ class EmbeddingTable:
     track_dirty: keep a per-row "changed since the last checkpoint" byte on the PS
     (incremental checkpoints); costs one byte per row and, on the RMA path, one
     more put per push.
+    track_versions: keep a per-row int32 stamp on the PS, the highest ``step + 1``
+    of any update applied to the row (:meth:`versions`): a prefetch issued
+    before step ``t``'s pushes re-pulls exactly the rows whose stamp shows
+    they changed since (see :class:`hpcps.nn.ShardedEmbeddingBag`). Costs
+    4 bytes per row and, on the RMA path, one more accumulate per push.
     """
 
     def __init__(self, ctx, name: str, num_rows: int, dim: int,
                  optimizer: SparseOptimizer | None = None, seed: int = 0,
-                 init_scale: float | None = None, transport: str | None = None, track_dirty: bool = False):
+                 init_scale: float | None = None, transport: str | None = None, track_dirty: bool = False,
+                 track_versions: bool = False):
         ctx._check_open()
         if not isinstance(name, str) or not name:
             raise ValueError(f"table name must be a non-empty string, got {name!r}")
@@ -133,7 +139,8 @@ class EmbeddingTable:
             raise ValueError(f"HPCPS_RMA_READ must be one of {RMA_READS}, got {rma_read!r}")
         scale = default_scale(dim) if init_scale is None else float(init_scale)
 
-        spec = (name, int(num_rows), int(dim), repr(optimizer), int(seed), scale, transport, bool(track_dirty))
+        spec = (name, int(num_rows), int(dim), repr(optimizer), int(seed), scale, transport, bool(track_dirty),
+                bool(track_versions))
         specs = ctx.world.allgather(spec)
         if any(s != spec for s in specs):
             raise ValueError(f"table {name!r} created differently on different ranks: {sorted(set(specs))}")
@@ -157,8 +164,14 @@ class EmbeddingTable:
         self.track_dirty = bool(track_dirty)
         if self.track_dirty:
             self._dirty = Window(ctx.world, -(-local_rows // 8) * 8, what=f"table {name!r} dirty rows")
+        self.track_versions = bool(track_versions)
+        if self.track_versions:
+            self._versions = Window(ctx.world, local_rows * 4, what=f"table {name!r} row versions")
         if ctx.is_ps:
             self._fill_initial(local_rows)
+            if self.track_versions:
+                self._versions.local(np.int32)[:] = 0
+                self._versions.sync()
             if self.track_dirty:
                 self._dirty.local(np.uint8)[:] = 0
                 self._dirty.sync()
@@ -176,6 +189,10 @@ class EmbeddingTable:
         if self.track_dirty and ctx.is_worker and not self.stateful:
             self._dirty_views = [None if v is None else self._dirty.shared(r, np.uint8)
                                  for v, r in zip(self._views, ctx.ps_world_ranks)]
+        self._version_views = [None] * ctx.num_ps
+        if self.track_versions and ctx.is_worker:
+            self._version_views = [None if v is None else self._versions.shared(r, np.int32)
+                                   for v, r in zip(self._views, ctx.ps_world_ranks)]
         if self.stateful and ctx.is_worker:
             self._stage_views = self._map_shared_shards(self._stage)
             self._flag_views = [None if v is None else self._flags.shared(r, np.uint8)
@@ -283,6 +300,57 @@ class EmbeddingTable:
         """``pull_async(ids).wait()``. Worker ranks; local (one-sided)."""
         return self.pull_async(ids).wait()
 
+    def versions(self, ids) -> np.ndarray:
+        """Stamps of rows ``ids``: int32, the highest ``step + 1`` of an update applied to each row
+        (0: never updated). Worker ranks of a table made with ``track_versions``; local (one-sided).
+
+        Atomic per element against concurrent stamping (``Get_accumulate(NO_OP)`` on
+        the RMA path); read them after the step's fence for an exact answer.
+        """
+        self._check_worker("versions")
+        if not self.track_versions:
+            raise ValueError(f"table {self.name!r} was created without track_versions")
+        ids = as_ids(self.name, ids, self.num_rows)
+        out = np.empty(ids.size, np.int32)
+        if ids.size == 0:
+            return out
+        P = self.ctx.num_ps
+        owner, local = np.divmod(ids, P)[::-1]
+        win = self._versions.win
+        for p in np.unique(owner).tolist():
+            sel = np.flatnonzero(owner == p)
+            view = self._version_views[p]
+            if view is not None:
+                self._versions.sync()
+                out[sel] = np.take(view, local[sel])
+                continue
+            rank = self.ctx.ps_world_ranks[p]
+            buf = np.empty(sel.size, np.int32)
+            dtype = MPI.INT32_T.Create_indexed_block(1, local[sel].tolist()).Commit()
+            try:
+                win.Get_accumulate([buf, MPI.INT32_T], [buf, MPI.INT32_T], rank, (0, 1, dtype), op=MPI.NO_OP)
+                win.Flush(rank)
+            finally:
+                dtype.Free()
+            out[sel] = buf
+        return out
+
+    def _stamp_rows(self, p: int, rank: int, rows: np.ndarray, stamp: int) -> None:
+        """Worker, holding PS ``p``'s shard lock: raise the version of ``rows`` (unique) to ``stamp``."""
+        view = self._version_views[p]
+        if view is not None:
+            self._versions.sync()
+            view[rows] = np.maximum(view[rows], np.int32(stamp))
+            self._versions.sync()
+            return
+        vals = np.full(rows.size, stamp, np.int32)
+        dtype = MPI.INT32_T.Create_indexed_block(1, rows.tolist()).Commit()
+        try:
+            self._versions.win.Accumulate([vals, MPI.INT32_T], rank, (0, 1, dtype), op=MPI.MAX)
+            self._versions.win.Flush(rank)
+        finally:
+            dtype.Free()
+
     # ------------------------------------------------------------ push
     def push_async(self, ids, grads) -> PushHandle:
         """Apply the optimizer to rows ``ids`` with gradients ``grads``. Worker ranks; local (one-sided).
@@ -307,6 +375,7 @@ class EmbeddingTable:
             alpha = 1.0
         else:
             alpha = -self.optimizer.lr_at(self.ctx.control.step)
+        stamp = self.ctx.control.step + 1
         P = self.ctx.num_ps
         if P == 1:
             owner, local = None, ids
@@ -332,6 +401,8 @@ class EmbeddingTable:
                     elif self.track_dirty:
                         self._dirty_views[p][rows_p] = 1
                     window.sync()
+                    if self.track_versions and not self.stateful:
+                        self._stamp_rows(p, rank, np.unique(rows_p), stamp)
                 finally:
                     self._locks.release(rank)
                 continue
@@ -356,6 +427,8 @@ class EmbeddingTable:
                         flag_type.Free()
                 if self.stateful:
                     self._locks.add_pending(rank)
+                elif self.track_versions:
+                    self._stamp_rows(p, rank, uniq, stamp)
             finally:
                 self._locks.release(rank)
                 dtype.Free()
@@ -367,12 +440,13 @@ class EmbeddingTable:
         self.push_async(ids, grads).wait()
 
     # ------------------------------------------------------------ PS side
-    def _apply_staged(self, step: int) -> int:
+    def _apply_staged(self, step: int, stamp: int | None = None) -> int:
         """PS: apply the staged gradients of this shard, if any; returns rows updated. Local.
 
         Called from the serve loop (``StepControl.service``). Staged sums are
         taken and zeroed under the shard lock, so a push lands either wholly in
-        this apply or wholly in the next one.
+        this apply or wholly in the next one. ``stamp`` (default ``step + 1``) is
+        an upper bound on ``step + 1`` of the pushes applied, for ``track_versions``.
         """
         if not self.stateful or self._data.freed:
             return 0
@@ -403,6 +477,10 @@ class EmbeddingTable:
             if self.track_dirty:
                 self._dirty.local(np.uint8)[rows] = 1
             self._data.sync()
+            if self.track_versions:                 # after the rows: a reader that sees the stamp sees them
+                ver = self._versions.local(np.int32)
+                ver[rows] = np.maximum(ver[rows], np.int32(step + 1 if stamp is None else stamp))
+                self._versions.sync()
         return int(rows.size)
 
     def take_dirty(self) -> np.ndarray:
@@ -423,8 +501,11 @@ class EmbeddingTable:
         if self._data.freed:
             return
         self._views = self._stage_views = self._flag_views = self._dirty_views = [None] * self.ctx.num_ps
+        self._version_views = [None] * self.ctx.num_ps
         self._rowtype.Free()
         self._locks.free()
+        if self.track_versions:
+            self._versions.free()
         if self.track_dirty:
             self._dirty.free()
         if self.stateful:
