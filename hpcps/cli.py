@@ -5,9 +5,14 @@ import json
 import logging
 import sys
 
+from pathlib import Path
+
 from ._version import __version__
 
 __all__ = ["main"]
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+BENCHES = ("e2e", "sparse_grid", "scaling", "checkpoint")   # bench_sparse.py runs under mpiexec itself
 
 
 def _setup_logging(level: str) -> None:
@@ -55,6 +60,14 @@ def _parser() -> argparse.ArgumentParser:
                                      "checkpoints.png and summary.md. No MPI launch needed."))
     rp.add_argument("src", help="metrics file or results directory")
     rp.add_argument("--out", default="report", help="output directory (default report/)")
+    b = sub.add_parser("bench", help="run one of the benchmarks (scripts/bench_NAME.py); it launches mpiexec itself",
+                       description=("Runs scripts/bench_NAME.py of this checkout with this python and the "
+                                    "arguments after NAME (`hpcps bench e2e --help` shows them). Each measures "
+                                    "its baselines in the same run, prints ratios and writes JSON under "
+                                    "results/. No MPI launch needed (bench_sparse.py, which sparse_grid "
+                                    "launches per point, is the one to start under mpiexec yourself)."))
+    b.add_argument("name", choices=BENCHES, help="which benchmark")
+    b.add_argument("args", nargs=argparse.REMAINDER, help="passed to the script")
     k = sub.add_parser("ckpt", help="list, verify, inspect and export checkpoints (no MPI launch needed)")
     ks = k.add_subparsers(dest="ckpt_command", required=True)
     ks.add_parser("ls", help="checkpoints in a directory, newest last, with their state").add_argument("dir")
@@ -100,6 +113,14 @@ def main(argv=None) -> int:
         except (ValueError, OSError) as e:
             print(f"hpcps: error: {e}", file=sys.stderr)
             return 2
+    if args.command == "bench":
+        script = SCRIPTS / f"bench_{args.name}.py"
+        if not script.is_file():
+            print(f"hpcps: error: {script} not found: `hpcps bench` runs the benchmark scripts of a source "
+                  "checkout (install it with `pip install -e .` or use scripts/run setup)", file=sys.stderr)
+            return 2
+        import subprocess
+        return subprocess.run([sys.executable, str(script), *args.args]).returncode
     if args.command == "report":
         from .report import write_report
         try:

@@ -23,7 +23,7 @@ import torch
 from mpi4py import MPI
 
 from . import checkpoint as ckpt_mod
-from .config import Config, build_sparse_optimizer, parse_permissions
+from .config import Config, build_sparse_optimizer, parse_permissions, resolve_switch
 from .data import make_data
 from .dense import DenseSync
 from .metrics import MetricsLog, auc, logloss, mae, rmse
@@ -159,10 +159,15 @@ def train(cfg: Config) -> dict | None:
         sparse_opt = build_sparse_optimizer(cfg.optimizer.sparse, steps)
         c = cfg.checkpoint
         kind, _ = parse_mode(ctx.mode)
+        # a worker that reads some shard over RMA has latency to hide; shared-memory gathers do not
+        remote = cfg.job.transport == "rma" or bool(world.allreduce(
+            int(ctx.is_worker and any(r not in ctx.node_ranks for r in ctx.ps_world_ranks)), op=MPI.MAX))
+        pipe = {"prefetch": resolve_switch(cfg.pipeline.prefetch, remote),
+                "background_push": resolve_switch(cfg.pipeline.background_push, remote)}
         tables = [EmbeddingTable(ctx, name, rows, dim, optimizer=sparse_opt, seed=cfg.job.seed,
                                  init_scale=scale, transport=cfg.job.transport,
                                  track_dirty=bool(c.dir) and c.full_every > 1,
-                                 track_versions=cfg.pipeline.prefetch and kind != "async")
+                                 track_versions=pipe["prefetch"] and kind != "async")
                   for name, rows, dim, scale in table_specs(cfg, data)]
         stop = StopRequest(c.dir)
         ckpt, resume_from, start = None, None, 0
@@ -198,7 +203,7 @@ def train(cfg: Config) -> dict | None:
             ctx.serve()
             held = sum(t.shard().nbytes + sum(v.nbytes for v in t._state.values()) for t in tables)
         else:
-            summary, log = _work(cfg, ctx, data, tables, steps, start, resume_from, ckpt, stop)
+            summary, log = _work(cfg, ctx, data, tables, steps, start, resume_from, ckpt, stop, pipe)
             if summary is not None:
                 summary["restore_s"] = restore_s
         first_worker = ctx.worker_world_ranks[0]
@@ -238,9 +243,9 @@ def _pipeline_rates(embs, totals: dict) -> dict:
     return out
 
 
-def _pipeline_summary(pl, comm_thread, embs, totals) -> dict:
+def _pipeline_summary(pl, pipe, comm_thread, embs, totals) -> dict:
     _pipeline_rates(embs, totals)                      # counts since the last record
-    out = {"prefetch": pl.prefetch, "background_push": comm_thread.enabled, "cache_rows": pl.cache_rows}
+    out = {"prefetch": pipe["prefetch"], "background_push": comm_thread.enabled, "cache_rows": pl.cache_rows}
     if pl.cache_rows:
         out["cache_hit_rate"] = totals["hits"] / max(totals["lookups"], 1)
         out["cache_staleness"] = pl.cache_staleness
@@ -255,7 +260,7 @@ def _peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def _work(cfg, ctx, data, tables, steps, start=0, resume_from=None, ckpt=None, stop=None):
+def _work(cfg, ctx, data, tables, steps, start=0, resume_from=None, ckpt=None, stop=None, pipe=None):
     W, comm = ctx.num_workers, ctx.worker_comm
     lead = ctx.worker_rank == 0
     torch.manual_seed(cfg.job.seed)
@@ -267,7 +272,8 @@ def _work(cfg, ctx, data, tables, steps, start=0, resume_from=None, ckpt=None, s
         torch.cuda.set_device(device)
     pl = cfg.pipeline
     kind, bound = parse_mode(ctx.mode)
-    comm_thread = CommThread(enabled=pl.background_push)
+    pipe = pipe or {"prefetch": False, "background_push": False}
+    comm_thread = CommThread(enabled=pipe["background_push"])
     caches = [RowCache(pl.cache_rows, t.dim, pl.cache_staleness) if pl.cache_rows else None for t in tables]
     embs = [ShardedEmbeddingBag(t, mode="sum", grad_scale=1.0 / W, device=device, comm=comm_thread, cache=cache)
             for t, cache in zip(tables, caches)]
@@ -310,7 +316,7 @@ def _work(cfg, ctx, data, tables, steps, start=0, resume_from=None, ckpt=None, s
             e.step = step
         loss, total = step_loss(model, batch, data.task, B, W, device)
         t_data = 0.0
-        if pl.prefetch and step + 1 < steps:
+        if pipe["prefetch"] and step + 1 < steps:
             # step t+1's rows are read now, while step t's pushes may still land: a row stamped
             # above t - S afterwards is pulled again at t+1 (sync: S = 0), so nothing is missed
             td = time.perf_counter()
@@ -416,5 +422,5 @@ def _work(cfg, ctx, data, tables, steps, start=0, resume_from=None, ckpt=None, s
              "samples_per_s": ran * B / max(elapsed, 1e-9),
              "elapsed_s": elapsed, "num_ps": ctx.num_ps, "num_workers": W, "mode": ctx.mode,
              "max_staleness": max(flat) if flat else 0, "data": data.stats,
-             "pipeline": _pipeline_summary(pl, comm_thread, embs, pipe_totals)}
+             "pipeline": _pipeline_summary(pl, pipe, comm_thread, embs, pipe_totals)}
     return final, log

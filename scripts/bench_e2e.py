@@ -4,16 +4,19 @@
 
 The DLRM job of examples/ctr.toml (8 tables, Adagrad on the sparse side, sync mode), for
 --steps global batches of 1024, timed after --warmup steps:
-  hpcps          `hpcps train` under mpiexec, 1 PS + (ranks - 1) workers, pipeline on (prefetch
-                 of step t+1 and pushes of step t on a communication thread; the default)
-  hpcps_no_prefetch  the same with pipeline.prefetch=false and pipeline.background_push=false
+  hpcps          `hpcps train` under mpiexec, 1 PS + (ranks - 1) workers, default settings
+                 (pipeline off)
+  hpcps_pipeline_on   the same with pipeline.prefetch=on, pipeline.background_push=on (prefetch
+                 of step t+1 and pushes of step t on a communication thread)
+  hpcps_no_prefetch   the same with both off
   torch_rpc      a parameter server on torch.distributed.rpc (scripts/rpc_ps_baseline.py):
                  same model, ranks, data and optimizer; one RPC pull and one push per step
   single_process torch.nn.EmbeddingBag(sparse=True) + torch.optim.Adagrad in one process with
                  one thread (hpcps.reference): the per-core yardstick
 Prints samples/s, the ratios against the targets (hpcps >= 2x torch_rpc; hpcps per core >= 0.8x
 single_process, per core = samples/s divided by the cores the run could use:
-min(ranks, CPUs)) and of the pipeline (hpcps / hpcps_no_prefetch), and writes JSON.
+min(ranks, CPUs)) and of the pipeline (hpcps_pipeline_on / hpcps_no_prefetch), and writes JSON.
+--transport rma puts every run's pulls and pushes on RMA (the cross-node path).
 """
 
 import argparse
@@ -86,6 +89,7 @@ def main():
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--warmup", type=int, default=30)
     ap.add_argument("--ranks", type=int, default=4)
+    ap.add_argument("--transport", choices=("auto", "rma"), default="auto")
     ap.add_argument("--out", default="results/bench_e2e.json")
     a = ap.parse_args()
     if not 0 < a.warmup < a.steps:
@@ -95,25 +99,29 @@ def main():
     used = min(a.ranks, cores)
     import tempfile
     with tempfile.TemporaryDirectory() as tmp:
-        hp = bench_hpcps(a.config, a.steps, a.warmup, a.ranks, tmp)
+        t = [f"job.transport={a.transport}"]
+        hp = bench_hpcps(a.config, a.steps, a.warmup, a.ranks, tmp, t)
+        on = bench_hpcps(a.config, a.steps, a.warmup, a.ranks, tmp,
+                         t + ["pipeline.prefetch=on", "pipeline.background_push=on"])
         off = bench_hpcps(a.config, a.steps, a.warmup, a.ranks, tmp,
-                          ["pipeline.prefetch=false", "pipeline.background_push=false"])
-    res = {"hpcps": hp, "hpcps_no_prefetch": off,
+                          t + ["pipeline.prefetch=off", "pipeline.background_push=off"])
+    res = {"hpcps": hp, "hpcps_pipeline_on": on, "hpcps_no_prefetch": off,
            "torch_rpc": rpc_ps_baseline.main(a.config, a.steps, a.warmup, a.ranks),
            "single_process": bench_single(a.config, a.steps, a.warmup)}
     h, r, s = (res[k]["samples_per_s"] for k in ("hpcps", "torch_rpc", "single_process"))
     report = {"config": {"file": a.config, "steps": a.steps, "warmup": a.warmup, "ranks": a.ranks, "cpus": cores,
+                         "transport": a.transport,
                          "cores_used": used, "oversubscribed": a.ranks > cores},
               "results": res,
               "hpcps_vs_torch_rpc": h / r, "hpcps_per_core_vs_single_process": (h / used) / s,
-              "hpcps_vs_no_prefetch": h / res["hpcps_no_prefetch"]["samples_per_s"],
+              "pipeline_on_vs_off": on["samples_per_s"] / off["samples_per_s"],
               "targets": {"hpcps_vs_torch_rpc": 2.0, "hpcps_per_core_vs_single_process": 0.8}}
     print(f"end-to-end, {a.ranks} ranks (1 PS + {a.ranks - 1} workers) on {cores} CPUs"
           f"{' (oversubscribed)' if a.ranks > cores else ''}, {a.steps - a.warmup} timed steps:")
     for k, v in res.items():
         print(f"  {k:15s} {v['samples_per_s']:10.0f} samples/s")
     print(f"  hpcps / torch_rpc = {report['hpcps_vs_torch_rpc']:.2f}x (target >= 2)")
-    print(f"  hpcps / hpcps_no_prefetch = {report['hpcps_vs_no_prefetch']:.2f}x (the pipeline's gain)")
+    print(f"  hpcps_pipeline_on / hpcps_no_prefetch = {report['pipeline_on_vs_off']:.2f}x (the pipeline's gain)")
     print(f"  hpcps per core ({used} cores) / single process (1 core) = "
           f"{report['hpcps_per_core_vs_single_process']:.2f}x (target >= 0.8)")
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)

@@ -23,6 +23,17 @@ def test_help_lists_commands():
         assert flag in out
 
 
+def test_bench_runs_each_benchmark_script_with_its_arguments():
+    from hpcps.cli import BENCHES, SCRIPTS
+    assert sorted(BENCHES) == sorted(f.stem[len("bench_"):] for f in SCRIPTS.glob("bench_*.py")
+                                     if f.stem != "bench_sparse")      # that one runs under mpiexec
+    for name in BENCHES:
+        r = subprocess.run([sys.executable, "-m", "hpcps", "bench", name, "--help"], capture_output=True, text=True)
+        assert r.returncode == 0 and "--out" in r.stdout, (name, r.stderr)
+    r = subprocess.run([sys.executable, "-m", "hpcps", "bench", "nope"], capture_output=True, text=True)
+    assert r.returncode == 2 and "invalid choice: 'nope'" in r.stderr
+
+
 def test_console_script_installed():
     exe = Path(sys.executable).parent / "hpcps"
     assert exe.exists()

@@ -59,7 +59,7 @@ def test_file_errors_name_the_key(tmp_path, text, msg):
     (["pipeline.cache_rows=100"], "pipeline.cache_rows = 100: a cache serves rows up to"),
     (["pipeline.cache_rows=-1", "job.mode=async"], "pipeline.cache_rows = -1: must be >= 0"),
     (["pipeline.cache_staleness=-2"], "pipeline.cache_staleness = -2"),
-    (["pipeline.prefetch=maybe"], "pipeline.prefetch = 'maybe' (--set): expected bool"),
+    (["pipeline.prefetch=maybe"], "pipeline.prefetch = 'maybe': must be auto, on or off"),
 ])
 def test_bad_values_name_the_key(sets, msg):
     with pytest.raises(ValueError, match=msg.replace("(", "\\(").replace(")", "\\)")):
@@ -92,3 +92,13 @@ def test_every_key_is_documented_in_help():
                          check=True).stdout
     for key in config_keys():
         assert key in out, key
+
+
+def test_pipeline_switches_take_toml_booleans_and_words(tmp_path):
+    from hpcps.config import resolve_switch
+    f = tmp_path / "c.toml"
+    f.write_text("[pipeline]\nprefetch = false\nbackground_push = true\n")
+    c = load_config(f, environ={})
+    assert (c.pipeline.prefetch, c.pipeline.background_push) == ("off", "on")
+    assert resolve_switch("auto", True) and not resolve_switch("auto", False)
+    assert resolve_switch("ON", False) and not resolve_switch("no", True)

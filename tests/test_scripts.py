@@ -80,17 +80,17 @@ def test_bench_e2e_smoke(tmp_path):
                     "--out", str(out)], check=True, capture_output=True, timeout=600,
                    env=__import__("mpirun").mpi_env())
     r = json.loads(out.read_text())
-    for k in ("hpcps", "hpcps_no_prefetch", "torch_rpc", "single_process"):
+    for k in ("hpcps", "hpcps_pipeline_on", "hpcps_no_prefetch", "torch_rpc", "single_process"):
         assert r["results"][k]["samples_per_s"] > 0 and r["results"][k]["steps"] == 8
     assert r["hpcps_vs_torch_rpc"] > 0 and r["hpcps_per_core_vs_single_process"] > 0
-    assert r["hpcps_vs_no_prefetch"] > 0
+    assert r["pipeline_on_vs_off"] > 0
 
 
 def test_bench_sparse_grid_smoke(tmp_path):
     import subprocess
     import sys
     out = tmp_path / "grid.json"
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_sparse_grid.py"), "--rows", "20000", "--batches",
+    subprocess.run([sys.executable, "-m", "hpcps", "bench", "sparse_grid", "--rows", "20000", "--batches",
                     "512", "--dims", "16", "--num-ps", "1", "2", "--rows-per-point", "4096", "--out", str(out)],
                    check=True, capture_output=True, timeout=600, env=__import__("mpirun").mpi_env())
     r = json.loads(out.read_text())

@@ -52,9 +52,12 @@ OPTIMIZERS = [
 
 
 @pytest.mark.parametrize("opt", OPTIMIZERS, ids=lambda o: o[0].split("=")[1])
-@pytest.mark.parametrize("n,ps,transport", [(3, 1, "auto"), (5, 2, "rma")], ids=["1ps-2w", "2ps-3w-rma"])
-def test_sync_equals_single_process_torch(tmp_path, opt, n, ps, transport):
-    _assert_equals_reference(tmp_path, n, opt + [f"job.num_ps={ps}", f"job.transport={transport}"])
+@pytest.mark.parametrize("n,ps,transport,pipeline", [(3, 1, "auto", "off"), (4, 1, "auto", "on"), (5, 2, "rma", "auto")],
+                         ids=["1ps-2w", "1ps-3w-pipelined", "2ps-3w-rma-pipelined"])
+def test_sync_equals_single_process_torch(tmp_path, opt, n, ps, transport, pipeline):
+    # the pipeline (prefetch + communication thread); "auto" turns it on for rma
+    _assert_equals_reference(tmp_path, n, opt + [f"job.num_ps={ps}", f"job.transport={transport}",
+                                                 f"pipeline.prefetch={pipeline}", f"pipeline.background_push={pipeline}"])
 
 
 def test_sync_equivalence_with_decay_schedule_clipping(tmp_path):
@@ -77,7 +80,7 @@ def test_async_converges_like_sync():
     sets = ["job.steps=600", "data.num_tables=4", "data.rows_per_table=2000", "data.batch_size=512",
             "data.eval_samples=20000", "metrics.progress=false"]
     res = {}
-    runs = {"sync": ["job.mode=sync"], "async": ["job.mode=async"],
+    runs = {"sync": ["job.mode=sync", "pipeline.prefetch=on"], "async": ["job.mode=async"],
             "cached": ["job.mode=async", "pipeline.cache_rows=4096", "pipeline.cache_staleness=3"]}
     for name, extra in runs.items():
         r = run_mpi(4, ["-m", "hpcps", "train", "--set", *extra, *sets], timeout=300)
@@ -89,8 +92,10 @@ def test_async_converges_like_sync():
     pipe = res["cached"]["pipeline"]
     assert 0.1 < pipe["cache_hit_rate"] < 1 and pipe["cache_staleness"] == 3, pipe
     assert abs(res["cached"]["auc"] - res["sync"]["auc"]) < 0.015, (res["cached"]["auc"], res["sync"]["auc"])
-    # sync prefetches and pulls again what other workers changed meanwhile
+    # sync prefetches and pulls again what other workers changed meanwhile; the pipeline is off by
+    # default
     assert res["sync"]["pipeline"]["prefetch"] and 0 < res["sync"]["pipeline"]["prefetch_refreshed"] < 1
+    assert not res["async"]["pipeline"]["prefetch"] and not res["async"]["pipeline"]["background_push"]
 
 
 @pytest.mark.parametrize("bound", [1, 3])
