@@ -56,6 +56,13 @@ class TableStats:
     rows_per_ps: list = field(default_factory=list)
 
 
+def _complete(requests) -> None:
+    """Wait for RMA requests, yielding the CPU between tests: on a core shared with the model's
+    compute (a communication thread, an oversubscribed node) a blocking flush would spin on it."""
+    while requests and not MPI.Request.Testall(requests):
+        os.sched_yield()
+
+
 class PullHandle:
     """Result of :meth:`EmbeddingTable.pull_async`; ``wait()`` returns the rows."""
 
@@ -71,9 +78,8 @@ class PullHandle:
     def wait(self) -> np.ndarray:
         """Complete the pull; returns float32 ``(len(ids), dim)``. Local; idempotent."""
         if not self._done:
-            win = self._table._data.win
-            for rank, dtype, into, buf in self._pending:
-                win.Flush(rank)
+            _complete([req for req, _, _, _ in self._pending])
+            for _, dtype, into, buf in self._pending:
                 dtype.Free()
                 into(buf)
             self._pending.clear()
@@ -290,10 +296,10 @@ class EmbeddingTable:
             buf = np.empty((sel.size, dim), dtype=np.float32)
             dtype = self._hindexed(local[sel])
             if self._rma_read == "get":
-                win.Get([buf, MPI.FLOAT], rank, (0, 1, dtype))
+                req = win.Rget([buf, MPI.FLOAT], rank, (0, 1, dtype))
             else:
-                win.Get_accumulate([buf, MPI.FLOAT], [buf, MPI.FLOAT], rank, (0, 1, dtype), op=MPI.NO_OP)
-            pending.append((rank, dtype, lambda b, sel=sel: rows.__setitem__(sel, b), buf))
+                req = win.Rget_accumulate([buf, MPI.FLOAT], [buf, MPI.FLOAT], rank, (0, 1, dtype), op=MPI.NO_OP)
+            pending.append((req, dtype, lambda b, sel=sel: rows.__setitem__(sel, b), buf))
         return PullHandle(self, rows, pending, finish=lambda r: r[inverse], started=started)
 
     def pull(self, ids) -> np.ndarray:
@@ -415,7 +421,7 @@ class EmbeddingTable:
             self._locks.acquire(rank)
             try:
                 win.Accumulate([buf, MPI.FLOAT], rank, (0, 1, dtype), op=MPI.SUM)
-                win.Flush(rank)
+                win.Flush(rank)           # remote completion (a request would only say "buffer free")
                 marks = self._flags if self.stateful else (self._dirty if self.track_dirty else None)
                 if marks is not None:
                     ones = np.ones(uniq.size, np.uint8)
