@@ -116,6 +116,7 @@ class PipelineConfig:
     background_push: str = "off"  # pushes and prefetches run on a communication thread
     cache_rows: int = 0         # worker-side cache of hot rows per table (0 = off; async or ssp only)
     cache_staleness: int = 2    # a cached row older than this many steps is pulled again
+    pull_dtype: str = "float32"  # float32 | bfloat16 | float16: rows travel to workers in 16 bits
 
 
 @dataclass
@@ -332,6 +333,8 @@ def validate(cfg: Config) -> None:
     _check(pl.cache_rows == 0 or j.mode != "sync", "pipeline.cache_rows", pl.cache_rows,
            "a cache serves rows up to pipeline.cache_staleness steps old, and job.mode = sync promises "
            "fresh rows: use job.mode = async or ssp:S, or cache_rows = 0")
+    _check(pl.pull_dtype in ("float32", "bfloat16", "float16"), "pipeline.pull_dtype", pl.pull_dtype,
+           "must be float32, bfloat16 or float16")
     c = cfg.checkpoint
     _check(c.every_steps >= 0 and c.every_seconds >= 0, "checkpoint.every_steps", c.every_steps, "must be >= 0")
     _check(c.keep >= 0, "checkpoint.keep", c.keep, "must be >= 0")

@@ -136,7 +136,7 @@ def export_weights(path: str, model, tables) -> None:
         rows = np.empty((t.num_rows, t.dim), np.float32)
         for s in range(0, t.num_rows, 1 << 16):
             ids = np.arange(s, min(t.num_rows, s + (1 << 16)))
-            rows[ids] = t.pull(ids)
+            rows[ids] = t.pull(ids, full=True)
         arrays[f"tables/{t.name}"] = rows
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     np.savez(path, **arrays)
@@ -167,7 +167,8 @@ def train(cfg: Config) -> dict | None:
         tables = [EmbeddingTable(ctx, name, rows, dim, optimizer=sparse_opt, seed=cfg.job.seed,
                                  init_scale=scale, transport=cfg.job.transport,
                                  track_dirty=bool(c.dir) and c.full_every > 1,
-                                 track_versions=pipe["prefetch"] and kind != "async")
+                                 track_versions=pipe["prefetch"] and kind != "async",
+                                 pull_dtype=cfg.pipeline.pull_dtype)
                   for name, rows, dim, scale in table_specs(cfg, data)]
         stop = StopRequest(c.dir)
         ckpt, resume_from, start = None, None, 0
@@ -201,7 +202,8 @@ def train(cfg: Config) -> dict | None:
         log, held = None, 0
         if ctx.is_ps:
             ctx.serve()
-            held = sum(t.shard().nbytes + sum(v.nbytes for v in t._state.values()) for t in tables)
+            held = sum(t.shard().nbytes + sum(v.nbytes for v in t._state.values())
+                       + (t._half.nbytes if t.pull_dtype != "float32" else 0) for t in tables)
         else:
             summary, log = _work(cfg, ctx, data, tables, steps, start, resume_from, ckpt, stop, pipe)
             if summary is not None:
@@ -245,7 +247,8 @@ def _pipeline_rates(embs, totals: dict) -> dict:
 
 def _pipeline_summary(pl, pipe, comm_thread, embs, totals) -> dict:
     _pipeline_rates(embs, totals)                      # counts since the last record
-    out = {"prefetch": pipe["prefetch"], "background_push": comm_thread.enabled, "cache_rows": pl.cache_rows}
+    out = {"prefetch": pipe["prefetch"], "background_push": comm_thread.enabled, "cache_rows": pl.cache_rows,
+           "pull_dtype": pl.pull_dtype}
     if pl.cache_rows:
         out["cache_hit_rate"] = totals["hits"] / max(totals["lookups"], 1)
         out["cache_staleness"] = pl.cache_staleness
@@ -363,7 +366,7 @@ def _work(cfg, ctx, data, tables, steps, start=0, resume_from=None, ckpt=None, s
                    "push_ms": 1e3 * sum(t.stats.push_seconds - p[1] for t, p in zip(tables, pulls0)) /
                    max(step + 1 - last_step, 1),
                    "rows_per_ps": [int(sum(t.stats.rows_per_ps[p] for t in tables)) for p in range(ctx.num_ps)],
-                   "bytes_per_ps": [int(sum(t.stats.rows_per_ps[p] * t.dim * 4 for t in tables))
+                   "bytes_per_ps": [int(sum(t.stats.bytes_per_ps[p] for t in tables))
                                     for p in range(ctx.num_ps)],
                    "staleness_counts": {str(k): v for k, v in sorted(stale_counts.items())},
                    **_pipeline_rates(embs, pipe_totals),

@@ -109,3 +109,15 @@ def test_bench_scaling_smoke(tmp_path):
     r = json.loads(out.read_text())
     assert [(p["num_ps"], p["workers"]) for p in r["points"]] == [(1, 1), (1, 2), (1, 3), (2, 3)]
     assert r["points"][0]["efficiency_per_core"] == 1.0 and all(p["samples_per_s"] > 0 for p in r["points"])
+
+
+def test_bench_pull_dtype_smoke(tmp_path):
+    import subprocess
+    import sys
+    out = tmp_path / "pd.json"
+    subprocess.run([sys.executable, "-m", "hpcps", "bench", "pull_dtype", "--steps", "40", "--ranks", "3",
+                    "--config", str(ROOT / "tests" / "configs" / "tiny_ctr.toml"), "--out", str(out)],
+                   check=True, capture_output=True, timeout=600, env=__import__("mpirun").mpi_env())
+    r = json.loads(out.read_text())["results"]
+    assert set(r) == {"float32", "bfloat16", "float16"} and all(0 < v["auc"] <= 1 for v in r.values())
+    assert 0.4 < r["bfloat16"]["bytes_vs_float32"] < 1          # pulls are half the bytes, pushes are not

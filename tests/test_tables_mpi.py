@@ -82,3 +82,12 @@ def test_num_ps_from_environment():
 def test_prefetch_before_other_workers_pushes_is_refreshed_exactly(n, num_ps, transport, opt):
     r = run_mpi(n, ["prefetch_refresh.py", num_ps, transport, opt], timeout=120)
     assert r.stdout.count("OK worker") == 2
+
+
+@pytest.mark.parametrize("n,num_ps,transport,dtype,opt", [(3, 1, "auto", "bfloat16", "sgd"),
+                                                          (3, 1, "rma", "float16", "adam"),
+                                                          (4, 2, "rma", "bfloat16", "adam"),
+                                                          (4, 2, "auto", "float16", "sgd")])
+def test_16_bit_pulls_are_the_rounded_rows_and_follow_updates(n, num_ps, transport, dtype, opt):
+    r = run_mpi(n, ["half_pull.py", num_ps, transport, dtype, opt], timeout=120)
+    assert r.stdout.count("OK worker") == 2

@@ -244,6 +244,7 @@ def restore_tables(path, ctx, tables) -> int:
             if seen is not None:
                 t._state["_seen"][:] = seen.astype(bool)
             t._data.sync()
+            t._sync_half()
     return int(man["step"])
 
 

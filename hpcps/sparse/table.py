@@ -31,6 +31,7 @@ logger = logging.getLogger(__name__)
 
 _INIT_CHUNK_ROWS = 1 << 14
 RMA_READS = ("get_accumulate", "get")
+PULL_DTYPES = ("float32", "bfloat16", "float16")
 
 _torch = None
 
@@ -53,7 +54,8 @@ class TableStats:
     pushes: int = 0
     push_rows: int = 0
     push_seconds: float = 0.0
-    rows_per_ps: list = field(default_factory=list)
+    rows_per_ps: list = field(default_factory=list)     # rows pulled and pushed, per PS
+    bytes_per_ps: list = field(default_factory=list)    # their bytes as moved (16-bit pulls: 2 per value)
 
 
 def _complete(requests) -> None:
@@ -119,12 +121,18 @@ class EmbeddingTable:
     before step ``t``'s pushes re-pulls exactly the rows whose stamp shows
     they changed since (see :class:`hpcps.nn.ShardedEmbeddingBag`). Costs
     4 bytes per row and, on the RMA path, one more accumulate per push.
+    pull_dtype: ``"float32"``, or ``"bfloat16"`` / ``"float16"``: the PS keeps a 16-bit copy of
+    its rows (rounded to nearest) next to the float32 ones, refreshed whenever it
+    applies an update, and pulls read that copy: half the bytes over RMA and through
+    shared memory; the rows, the optimizer state and checkpoints stay float32. The PS
+    then applies every update, plain SGD included. Pushes stay float32: MPI has no
+    usable 16-bit float accumulate (see README).
     """
 
     def __init__(self, ctx, name: str, num_rows: int, dim: int,
                  optimizer: SparseOptimizer | None = None, seed: int = 0,
                  init_scale: float | None = None, transport: str | None = None, track_dirty: bool = False,
-                 track_versions: bool = False):
+                 track_versions: bool = False, pull_dtype: str = "float32"):
         ctx._check_open()
         if not isinstance(name, str) or not name:
             raise ValueError(f"table name must be a non-empty string, got {name!r}")
@@ -145,8 +153,10 @@ class EmbeddingTable:
             raise ValueError(f"HPCPS_RMA_READ must be one of {RMA_READS}, got {rma_read!r}")
         scale = default_scale(dim) if init_scale is None else float(init_scale)
 
+        if pull_dtype not in PULL_DTYPES:
+            raise ValueError(f"table {name!r}: pull_dtype must be one of {PULL_DTYPES}, got {pull_dtype!r}")
         spec = (name, int(num_rows), int(dim), repr(optimizer), int(seed), scale, transport, bool(track_dirty),
-                bool(track_versions))
+                bool(track_versions), pull_dtype)
         specs = ctx.world.allgather(spec)
         if any(s != spec for s in specs):
             raise ValueError(f"table {name!r} created differently on different ranks: {sorted(set(specs))}")
@@ -155,13 +165,15 @@ class EmbeddingTable:
         self.optimizer, self.seed, self.init_scale, self.transport = optimizer, int(seed), scale, transport
         self._rma_read = rma_read
         self.sharding = ModuloSharding(self.num_rows, ctx.num_ps)
-        self.stats = TableStats(rows_per_ps=[0] * ctx.num_ps)
+        self.stats = TableStats(rows_per_ps=[0] * ctx.num_ps, bytes_per_ps=[0] * ctx.num_ps)
         self._row_bytes = self.dim * 4
         local_rows = self.sharding.shard_rows(ctx.ps_rank) if ctx.is_ps else 0
         self._data = Window(ctx.world, local_rows * self._row_bytes, what=f"table {name!r}")
         self._locks = ShardLocks(ctx.world, ctx.is_ps, what=f"table {name!r}")
         self._rowtype = MPI.FLOAT.Create_contiguous(self.dim).Commit()
-        self.stateful = optimizer.stateful
+        self.pull_dtype = pull_dtype
+        # a 16-bit copy is kept current by the PS, so the PS applies every update (even plain SGD)
+        self.stateful = optimizer.stateful or pull_dtype != "float32"
         self._applies = 0                       # PS: optimizer steps applied to this shard
         self._state = {}
         if self.stateful:                       # gradients are staged next to the rows
@@ -173,8 +185,12 @@ class EmbeddingTable:
         self.track_versions = bool(track_versions)
         if self.track_versions:
             self._versions = Window(ctx.world, local_rows * 4, what=f"table {name!r} row versions")
+        if pull_dtype != "float32":
+            self._half = Window(ctx.world, local_rows * self.dim * 2, what=f"table {name!r} {pull_dtype} copy")
+            self._halftype = MPI.UINT16_T.Create_contiguous(self.dim).Commit()
         if ctx.is_ps:
             self._fill_initial(local_rows)
+            self._sync_half()
             if self.track_versions:
                 self._versions.local(np.int32)[:] = 0
                 self._versions.sync()
@@ -191,6 +207,9 @@ class EmbeddingTable:
             _t()
         ctx.world.Barrier()                     # rows exist before anyone pulls
         self._views = self._map_shared_shards(self._data) if ctx.is_worker else [None] * ctx.num_ps
+        self._half_views = [None] * ctx.num_ps
+        if pull_dtype != "float32" and ctx.is_worker:
+            self._half_views = self._map_shared_shards(self._half, np.uint16)
         self._dirty_views = [None] * ctx.num_ps
         if self.track_dirty and ctx.is_worker and not self.stateful:
             self._dirty_views = [None if v is None else self._dirty.shared(r, np.uint8)
@@ -214,12 +233,12 @@ class EmbeddingTable:
             initial_rows(self.seed, self.name, gids, self.dim, self.init_scale, out=shard[start:stop])
         self._data.sync()
 
-    def _map_shared_shards(self, window) -> list:
+    def _map_shared_shards(self, window, dtype=np.float32) -> list:
         views = []
         for p, rank in enumerate(self.ctx.ps_world_ranks):
             view = None
             if self.transport == "auto" and rank in self.ctx.node_ranks:
-                mem = window.shared(rank)
+                mem = window.shared(rank, dtype)
                 if mem is not None and mem.size == self.sharding.shard_rows(p) * self.dim:
                     view = mem.reshape(-1, self.dim)
             views.append(view)
@@ -245,15 +264,43 @@ class EmbeddingTable:
             raise RoleError(f"table {self.name!r}: shard() is for PS ranks")
         return self._data.local().reshape(-1, self.dim)
 
-    def _hindexed(self, local_rows: np.ndarray) -> MPI.Datatype:
-        return self._rowtype.Create_hindexed_block(1, (local_rows * self._row_bytes).tolist()).Commit()
+    def _hindexed(self, local_rows: np.ndarray, half: bool = False) -> MPI.Datatype:
+        rowtype, nbytes = (self._halftype, self.dim * 2) if half else (self._rowtype, self._row_bytes)
+        return rowtype.Create_hindexed_block(1, (local_rows * nbytes).tolist()).Commit()
+
+    # 16-bit copies of the rows (pull_dtype): bfloat16 = the top half of a float32, rounded to
+    # nearest even by torch; float16 by numpy
+    def _narrow(self, rows: np.ndarray) -> np.ndarray:
+        if self.pull_dtype == "float16":
+            return rows.astype(np.float16).view(np.uint16)
+        torch = _t()
+        return torch.from_numpy(np.ascontiguousarray(rows)).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+
+    def _widen(self, half: np.ndarray) -> np.ndarray:
+        if self.pull_dtype == "float16":
+            return half.view(np.float16).astype(np.float32)
+        return (half.astype(np.uint32) << 16).view(np.float32)
+
+    def _sync_half(self, rows: np.ndarray | None = None) -> None:
+        """PS: refresh the 16-bit copy of ``rows`` (all when None) from the float32 shard. Local."""
+        if self.pull_dtype == "float32":
+            return
+        shard = self.shard()
+        half = self._half.local(np.uint16).reshape(-1, self.dim)
+        if rows is None:
+            for start in range(0, shard.shape[0], _INIT_CHUNK_ROWS):
+                half[start:start + _INIT_CHUNK_ROWS] = self._narrow(shard[start:start + _INIT_CHUNK_ROWS])
+        elif rows.size:
+            half[rows] = self._narrow(shard[rows])
+        self._half.sync()
 
     # ------------------------------------------------------------ pull
-    def pull_async(self, ids) -> PullHandle:
+    def pull_async(self, ids, full: bool = False) -> PullHandle:
         """Start reading rows ``ids`` (duplicates allowed). Worker ranks; local (one-sided).
 
-        Returns a handle whose ``wait()`` gives float32 ``(len(ids), dim)``.
-        Raises ``ValueError`` on bad ids before any communication.
+        Returns a handle whose ``wait()`` gives float32 ``(len(ids), dim)``. A table with a
+        16-bit ``pull_dtype`` reads its 16-bit copy and widens it, unless ``full`` (the
+        float32 rows: exports). Raises ``ValueError`` on bad ids before any communication.
         """
         self._check_worker("pull")
         ids = as_ids(self.name, ids, self.num_rows)
@@ -262,15 +309,19 @@ class EmbeddingTable:
         st.pulls += 1
         st.pull_rows += ids.size
         P, dim = self.ctx.num_ps, self.dim
-        out = np.empty((ids.size, dim), dtype=np.float32)
+        half = self.pull_dtype != "float32" and not full
+        window, views, npt, mpit = ((self._half, self._half_views, np.uint16, MPI.UINT16_T) if half else
+                                    (self._data, self._views, np.float32, MPI.FLOAT))
+        widen = self._widen if half else None
+        out = np.empty((ids.size, dim), dtype=npt)
         if ids.size == 0:
-            return PullHandle(self, out)
-        views = self._views
+            return PullHandle(self, out if widen is None else widen(out))
         if all(v is not None for v in views):                       # whole table on this node
-            self._data.sync()
+            window.sync()
             if P == 1:
                 np.take(views[0], ids, axis=0, out=out)
                 st.rows_per_ps[0] += ids.size
+                st.bytes_per_ps[0] += out.nbytes
             else:
                 owner, local = np.divmod(ids, P)[::-1]
                 for p in range(P):
@@ -278,33 +329,38 @@ class EmbeddingTable:
                     if sel.size:
                         out[sel] = np.take(views[p], local[sel], axis=0)
                         st.rows_per_ps[p] += sel.size
+                        st.bytes_per_ps[p] += sel.size * dim * out.itemsize
+            if widen is not None:
+                out = widen(out)
             st.pull_seconds += time.perf_counter() - started
             return PullHandle(self, out)
 
         uniq, inverse = np.unique(ids, return_inverse=True)
         owner, local = self.sharding.owner(uniq), self.sharding.local_row(uniq)
-        rows = np.empty((uniq.size, dim), dtype=np.float32)
+        rows = np.empty((uniq.size, dim), dtype=npt)
         pending = []
-        win = self._data.win
+        win = window.win
         for p in np.unique(owner).tolist():
             sel = np.flatnonzero(owner == p)
             st.rows_per_ps[p] += sel.size
+            st.bytes_per_ps[p] += sel.size * dim * rows.itemsize
             if views[p] is not None:
                 rows[sel] = np.take(views[p], local[sel], axis=0)
                 continue
             rank = self.ctx.ps_world_ranks[p]
-            buf = np.empty((sel.size, dim), dtype=np.float32)
-            dtype = self._hindexed(local[sel])
+            buf = np.empty((sel.size, dim), dtype=npt)
+            dtype = self._hindexed(local[sel], half)
             if self._rma_read == "get":
-                req = win.Rget([buf, MPI.FLOAT], rank, (0, 1, dtype))
+                req = win.Rget([buf, mpit], rank, (0, 1, dtype))
             else:
-                req = win.Rget_accumulate([buf, MPI.FLOAT], [buf, MPI.FLOAT], rank, (0, 1, dtype), op=MPI.NO_OP)
+                req = win.Rget_accumulate([buf, mpit], [buf, mpit], rank, (0, 1, dtype), op=MPI.NO_OP)
             pending.append((req, dtype, lambda b, sel=sel: rows.__setitem__(sel, b), buf))
-        return PullHandle(self, rows, pending, finish=lambda r: r[inverse], started=started)
+        finish = (lambda r: r[inverse]) if widen is None else (lambda r: widen(r[inverse]))
+        return PullHandle(self, rows, pending, finish=finish, started=started)
 
-    def pull(self, ids) -> np.ndarray:
-        """``pull_async(ids).wait()``. Worker ranks; local (one-sided)."""
-        return self.pull_async(ids).wait()
+    def pull(self, ids, full: bool = False) -> np.ndarray:
+        """``pull_async(ids, full).wait()``. Worker ranks; local (one-sided)."""
+        return self.pull_async(ids, full).wait()
 
     def versions(self, ids) -> np.ndarray:
         """Stamps of rows ``ids``: int32, the highest ``step + 1`` of an update applied to each row
@@ -393,6 +449,7 @@ class EmbeddingTable:
             rank = self.ctx.ps_world_ranks[p]
             rows_p, g_p = local[sel], grads[sel]
             st.rows_per_ps[p] += rows_p.size
+            st.bytes_per_ps[p] += g_p.nbytes
             window = self._stage if self.stateful else self._data
             view = (self._stage_views if self.stateful else self._views)[p]
             if view is not None:
@@ -483,6 +540,7 @@ class EmbeddingTable:
             if self.track_dirty:
                 self._dirty.local(np.uint8)[rows] = 1
             self._data.sync()
+            self._sync_half(rows)
             if self.track_versions:                 # after the rows: a reader that sees the stamp sees them
                 ver = self._versions.local(np.int32)
                 ver[rows] = np.maximum(ver[rows], np.int32(step + 1 if stamp is None else stamp))
@@ -512,6 +570,10 @@ class EmbeddingTable:
         self._locks.free()
         if self.track_versions:
             self._versions.free()
+        if self.pull_dtype != "float32":
+            self._half_views = [None] * self.ctx.num_ps
+            self._halftype.Free()
+            self._half.free()
         if self.track_dirty:
             self._dirty.free()
         if self.stateful:
