@@ -228,10 +228,15 @@ def _summary(runs, bench_files, plots) -> str:
         data = json.loads(b.read_text())
         lines += [f"## {b.name}", ""]
         targets = data.get("targets", {})
-        for k, v in data.items():
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and ("_vs_" in k or "ratio" in k):
+        # ratios at the top level, under "ratios", and per run under "results" (e.g. per pull_dtype)
+        flat = [(k, v) for k, v in data.items()] + list(data.get("ratios", {}).items())
+        flat += [(f"{run} {k}", v) for run, res in data.get("results", {}).items() if isinstance(res, dict)
+                 for k, v in res.items() if "_minus_" in k or "_vs_" in k]
+        for k, v in flat:
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and ("_vs_" in k or "ratio" in k
+                                                                            or "_minus_" in k):
                 t = targets.get(k)
-                lines.append(f"- {k}: {v:.2f}" + (f" (target {t})" if t is not None else ""))
+                lines.append(f"- {k}: {v:.{4 if '_minus_' in k else 2}f}" + (f" (target {t})" if t is not None else ""))
         for pt in data.get("points", []):            # grids and scaling runs: one line per point
             shown = [f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in pt.items()
                      if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "iters"]
