@@ -39,7 +39,8 @@ class ShardedEmbeddingBag(torch.nn.Module):
     gradients come back to the host.
     comm: a :class:`CommThread` shared by the worker's modules (pushes and
     prefetches run on it); default: every call inline.
-    cache: a :class:`RowCache` for this table, or None.
+    cache: a :class:`RowCache` for this table, or None; used while autograd is on
+    (training), bypassed under ``torch.no_grad()`` (evaluation reads fresh rows).
     """
 
     def __init__(self, table, mode: str = "sum", grad_scale: float = 1.0, device=None,
@@ -66,7 +67,7 @@ class ShardedEmbeddingBag(torch.nn.Module):
         p.uniq, inverse = np.unique(flat, return_inverse=True)
         p.inverse = inverse.reshape(-1)
         p.read_step = read_step
-        if self.cache is not None:
+        if self.cache is not None and torch.is_grad_enabled():     # evaluation reads fresh rows
             p.hit, p.cached = self.cache.lookup(p.uniq, use_step)
             want = p.uniq[~p.hit]
         else:
@@ -85,7 +86,7 @@ class ShardedEmbeddingBag(torch.nn.Module):
                 pulled[stale] = self.table.pull(want[stale])
             self.refreshed_rows += int(stale.size)
             self.prefetched_rows += int(want.size)
-        if self.cache is not None:
+        if p.hit is not None:
             self.cache.insert(p.uniq[~p.hit], pulled, p.read_step)
             rows = np.empty((p.uniq.size, self.embedding_dim), np.float32)
             rows[p.hit] = p.cached

@@ -13,7 +13,7 @@ import torch
 
 import hpcps
 from hpcps.nn import ShardedEmbeddingBag
-from hpcps.sparse.pipeline import CommThread
+from hpcps.sparse.pipeline import CommThread, RowCache
 
 num_ps, transport, opt_name = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 N, D = 200, 4
@@ -50,6 +50,15 @@ with hpcps.init(num_ps=num_ps, transport=transport, mode="sync") as ctx:
                     assert emb.refreshed_rows == 20 and emb.prefetched_rows == 60, (emb.refreshed_rows,)
                     assert np.array_equal(got, fresh.reshape(6, 10, D).sum(1))
                     assert not np.allclose(old, got), "the unrefreshed prefetch should be stale"
+                    # a cache serves training forwards and is bypassed by evaluation (no_grad)
+                    ce = ShardedEmbeddingBag(t, cache=RowCache(256, D, staleness=5))
+                    ce.step = 2
+                    ce(want)
+                    with torch.no_grad():
+                        ce(want)
+                    assert (ce.cache.lookups, ce.cache.hits) == (60, 0)
+                    np.testing.assert_array_equal(ce(want).detach().numpy(), got)
+                    assert (ce.cache.lookups, ce.cache.hits) == (120, 60)
             ctx.step_end(step)
         comm.close()
         print(f"OK worker {w}", flush=True)
