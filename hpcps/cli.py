@@ -4,7 +4,6 @@ import argparse
 import json
 import logging
 import sys
-
 from pathlib import Path
 
 from ._version import __version__

@@ -22,6 +22,7 @@ else:                                    # pragma: no cover
 
 from .sparse.control import parse_mode
 from .sparse.optimizers import LRSchedule, make_optimizer
+from .sparse.table import PULL_DTYPES
 
 __all__ = ["Config", "load_config", "config_keys", "build_sparse_optimizer", "parse_permissions", "FORMATS", "MODELS"]
 
@@ -333,8 +334,7 @@ def validate(cfg: Config) -> None:
     _check(pl.cache_rows == 0 or j.mode != "sync", "pipeline.cache_rows", pl.cache_rows,
            "a cache serves rows up to pipeline.cache_staleness steps old, and job.mode = sync promises "
            "fresh rows: use job.mode = async or ssp:S, or cache_rows = 0")
-    _check(pl.pull_dtype in ("float32", "bfloat16", "float16"), "pipeline.pull_dtype", pl.pull_dtype,
-           "must be float32, bfloat16 or float16")
+    _check(pl.pull_dtype in PULL_DTYPES, "pipeline.pull_dtype", pl.pull_dtype, f"must be one of {', '.join(PULL_DTYPES)}")
     c = cfg.checkpoint
     _check(c.every_steps >= 0 and c.every_seconds >= 0, "checkpoint.every_steps", c.every_steps, "must be >= 0")
     _check(c.keep >= 0, "checkpoint.keep", c.keep, "must be >= 0")

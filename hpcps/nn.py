@@ -138,7 +138,7 @@ class ShardedEmbeddingBag(torch.nn.Module):
         ids = torch.as_tensor(input)
         flat = ids.reshape(-1).cpu().numpy()
         p = self._next
-        if p is not None and p.flat.shape == flat.shape and np.array_equal(p.flat, flat):
+        if p is not None and np.array_equal(p.flat, flat):
             self._next = None
         else:
             if p is not None and torch.is_grad_enabled():     # a training step it was not for

@@ -32,8 +32,8 @@ from .nn import ShardedEmbeddingBag
 from .sparse import EmbeddingTable
 from .sparse.optimizers import LRSchedule
 from .sparse.pipeline import CommThread, RowCache
-from .stopping import EXIT_CHECKPOINTED, StopRequest
 from .sparse.control import parse_mode
+from .stopping import EXIT_CHECKPOINTED, StopRequest
 from .topology import init
 
 __all__ = ["train", "total_steps", "table_specs", "dense_optimizer", "dense_schedule", "EXIT_CHECKPOINTED"]
@@ -331,6 +331,7 @@ def _work(cfg, ctx, data, tables, steps, start=0, resume_from=None, ckpt=None, s
         opt.zero_grad(set_to_none=True)
         loss.backward()
         t3 = time.perf_counter()
+        waits3 = _waits(embs)               # inline pulls and pushes happen inside forward/backward
         dense.synchronize()
         t4 = time.perf_counter()
         if cfg.optimizer.dense.clip_norm:
@@ -344,12 +345,13 @@ def _work(cfg, ctx, data, tables, steps, start=0, resume_from=None, ckpt=None, s
         for e in embs:
             e.wait_pushes()
         pull_s, push_s = (b - a for a, b in zip(waits0, _waits(embs)))
+        in_fb = sum(b - a for a, b in zip(waits0, waits3))
         ctx.step_end(step)
         timing["idle"] += t1 - t0
         timing["data"] += t2 - t1 + t_data
         timing["pull"] += pull_s
         timing["push"] += push_s
-        timing["forward_backward"] += max(t3 - t2 - t_data - pull_s, 0.0)
+        timing["forward_backward"] += max(t3 - t2 - t_data - in_fb, 0.0)
         timing["dense_allreduce"] += t4 - t3
         stale_counts[stale] = stale_counts.get(stale, 0) + 1
         loss_acc += total
