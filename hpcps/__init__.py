@@ -18,10 +18,10 @@ import importlib
 from . import optim
 from ._version import __version__
 from .errors import FreedError, HpcpsError, RoleError
-from .sparse import EmbeddingTable, initial_rows
+from .sparse import EmbeddingTable, initial_rows, push_many
 from .topology import Context, init
 
-__all__ = ["init", "Context", "EmbeddingTable", "initial_rows", "optim", "DenseSync", "nn", "models",
+__all__ = ["init", "Context", "EmbeddingTable", "initial_rows", "push_many", "optim", "DenseSync", "nn", "models",
            "HpcpsError", "FreedError", "RoleError", "__version__"]
 
 _LAZY = {"DenseSync": ("hpcps.dense", "DenseSync"), "nn": ("hpcps.nn", None), "models": ("hpcps.models", None)}

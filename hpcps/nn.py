@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .sparse.pipeline import CommThread
+from .sparse.pipeline import CommThread, PushBatch
 
 __all__ = ["ShardedEmbeddingBag"]
 
@@ -41,10 +41,13 @@ class ShardedEmbeddingBag(torch.nn.Module):
     prefetches run on it); default: every call inline.
     cache: a :class:`RowCache` for this table, or None; used while autograd is on
     (training), bypassed under ``torch.no_grad()`` (evaluation reads fresh rows).
+    batch: a :class:`PushBatch` shared by the worker's modules: backward adds this
+    table's push to it, and the caller sends the step's pushes with ``batch.flush()``
+    (one shard-lock acquisition per PS for all tables); default: each hook pushes.
     """
 
     def __init__(self, table, mode: str = "sum", grad_scale: float = 1.0, device=None,
-                 comm: CommThread | None = None, cache=None):
+                 comm: CommThread | None = None, cache=None, batch: PushBatch | None = None):
         super().__init__()
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         if mode not in ("sum", "mean"):
@@ -54,6 +57,7 @@ class ShardedEmbeddingBag(torch.nn.Module):
         self.num_embeddings = table.num_rows
         self.comm = comm if comm is not None else CommThread(enabled=False)
         self.cache = cache
+        self.batch = batch
         self.step = 0                  # the step forward() serves: cache ages count from it
         self._next = None
         # seconds the calling thread waited for pulls / pushes; rows pulled again after a prefetch
@@ -128,6 +132,10 @@ class ShardedEmbeddingBag(torch.nn.Module):
         t0 = time.perf_counter()
         g = grad if self.grad_scale == 1.0 else grad * self.grad_scale
         g = g.detach().to("cpu", torch.float32).contiguous().numpy()
+        if self.batch is not None:
+            self.batch.add(self.table, uniq, g)
+            self.push_wait_s += time.perf_counter() - t0
+            return
         f = self.comm.submit(self.table.push, uniq, g)
         if not self.comm.enabled:
             f.result()

@@ -13,10 +13,12 @@ import traceback
 
 from mpi4py import MPI
 
+from . import _wait
 from ._malloc import pin_mmap_threshold
 from .errors import FreedError, RoleError
 from .layout import check_launch, check_num_ps, spread_ps
 from .sparse.control import StepControl, parse_mode
+from .sparse.lock import ShardLocks
 
 __all__ = ["init", "Context", "TRANSPORTS"]
 
@@ -72,22 +74,41 @@ def init(num_ps: int | None = None, comm: MPI.Comm | None = None, *,
         raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
     mode = mode or os.environ.get("HPCPS_MODE", "async")
     parse_mode(mode)
+    wait = os.environ.get("HPCPS_WAIT", "auto")
+    if wait not in _wait.WAIT_POLICIES:
+        raise ValueError(f"HPCPS_WAIT must be one of {_wait.WAIT_POLICIES}, got {wait!r}")
     seen = world.allgather((num_ps, transport, mode))
     if len(set(seen)) != 1:
         raise ValueError(f"ranks disagree on (num_ps, transport, mode): {sorted(set(seen))}")
     if abort_on_error:
         _abort_on_uncaught(world)
-    return Context(world, num_ps, transport, mode)
+    return Context(world, num_ps, transport, mode, wait)
+
+
+def _node_cpus(node_comm: MPI.Comm) -> int:
+    """CPUs the ranks of this node may run on, together (the union of their affinity masks).
+    Collective over ``node_comm``."""
+    try:
+        mine = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        mine = list(range(os.cpu_count() or 1))
+    return len(set().union(*node_comm.allgather(mine)))
 
 
 class Context:
     """Communicators and roles of one hpcps job. Made by :func:`init`."""
 
-    def __init__(self, world: MPI.Comm, num_ps: int, transport: str, mode: str = "async"):
+    def __init__(self, world: MPI.Comm, num_ps: int, transport: str, mode: str = "async", wait: str = "auto"):
         self.world = world
         self.transport = transport
         self.mode = mode
         self.node_comm = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
+        # more ranks than CPUs here: waiting ranks sleep instead of spinning (hpcps/_wait.py)
+        self.oversubscribed = self.node_comm.Get_size() > _node_cpus(self.node_comm)
+        if wait == "auto":
+            wait = "sleep" if self.oversubscribed else "yield"
+        _wait.set_policy(wait)
+        self.wait_policy = wait
         node_leader = self.node_comm.bcast(world.Get_rank(), root=0)
         node_of_rank = world.allgather(node_leader)
         self.ps_world_ranks = spread_ps(node_of_rank, num_ps)
@@ -110,6 +131,9 @@ class Context:
         self._service_hooks = []   # PS: called on every poll of the serve loop
         self._resources = []       # freed collectively in finalize, after the tables
         self.control = StepControl(self, mode)
+        # one lock (and one count of staged pushes) per PS for all its tables: a worker pushes a
+        # step's gradients of every table under one acquisition (hpcps.sparse.table.push_many)
+        self.shard_locks = ShardLocks(world, self.is_ps, what="shards")
         logger.debug("rank %d: %s, %d PS at %s", me, "PS" if self.is_ps else "worker",
                      num_ps, self.ps_world_ranks)
 
@@ -135,12 +159,15 @@ class Context:
         # Non-blocking barrier over the world, polled through MPI so that RMA
         # aimed at this rank keeps progressing; yield the CPU between polls.
         req = self.world.Ibarrier()
+        misses = 0
         while not req.Test():
             if self.is_ps:
-                self.control.service(self._tables)
+                misses = 0 if self.control.service(self._tables) else misses + 1
                 for hook in self._service_hooks:
                     hook()
-            os.sched_yield()
+            else:
+                misses += 1
+            _wait.backoff(max(misses, 1))
         if self.is_ps:                       # every push is in: apply whatever is still staged
             self.control.service(self._tables, final=True)
             for hook in self._service_hooks:
@@ -205,6 +232,7 @@ class Context:
             t.free()
         for r in self._resources:
             r.free()
+        self.shard_locks.free()
         self.control.free()
         comm = self.ps_comm if self.is_ps else self.worker_comm
         comm.Free()

@@ -31,7 +31,7 @@ from .models import DLRM, MatrixFactorization
 from .nn import ShardedEmbeddingBag
 from .sparse import EmbeddingTable
 from .sparse.optimizers import LRSchedule
-from .sparse.pipeline import CommThread, RowCache
+from .sparse.pipeline import CommThread, PushBatch, RowCache
 from .sparse.control import parse_mode
 from .stopping import EXIT_CHECKPOINTED, StopRequest
 from .topology import init
@@ -278,8 +278,9 @@ def _work(cfg, ctx, data, tables, steps, start=0, resume_from=None, ckpt=None, s
     pipe = pipe or {"prefetch": False, "background_push": False}
     comm_thread = CommThread(enabled=pipe["background_push"])
     caches = [RowCache(pl.cache_rows, t.dim, pl.cache_staleness) if pl.cache_rows else None for t in tables]
-    embs = [ShardedEmbeddingBag(t, mode="sum", grad_scale=1.0 / W, device=device, comm=comm_thread, cache=cache)
-            for t, cache in zip(tables, caches)]
+    pushes = PushBatch(comm_thread)     # a step's pushes of every table go out together, after backward
+    embs = [ShardedEmbeddingBag(t, mode="sum", grad_scale=1.0 / W, device=device, comm=comm_thread, cache=cache,
+                                batch=pushes) for t, cache in zip(tables, caches)]
     model = build_model(cfg, embs, data).to(device)
     dense = DenseSync(model, comm, backend=cfg.model.dense_backend, bucket_mb=cfg.model.bucket_mb)
     opt = dense_optimizer(cfg.optimizer.dense, model.parameters())
@@ -331,7 +332,9 @@ def _work(cfg, ctx, data, tables, steps, start=0, resume_from=None, ckpt=None, s
         opt.zero_grad(set_to_none=True)
         loss.backward()
         t3 = time.perf_counter()
-        waits3 = _waits(embs)               # inline pulls and pushes happen inside forward/backward
+        waits3 = _waits(embs)               # inline pulls happen inside forward/backward
+        pushes.flush()                      # inline: the step's pushes happen here
+        t3p = time.perf_counter()
         dense.synchronize()
         t4 = time.perf_counter()
         if cfg.optimizer.dense.clip_norm:
@@ -350,9 +353,9 @@ def _work(cfg, ctx, data, tables, steps, start=0, resume_from=None, ckpt=None, s
         timing["idle"] += t1 - t0
         timing["data"] += t2 - t1 + t_data
         timing["pull"] += pull_s
-        timing["push"] += push_s
+        timing["push"] += push_s + (t3p - t3)
         timing["forward_backward"] += max(t3 - t2 - t_data - in_fb, 0.0)
-        timing["dense_allreduce"] += t4 - t3
+        timing["dense_allreduce"] += t4 - t3p
         stale_counts[stale] = stale_counts.get(stale, 0) + 1
         loss_acc += total
         n_acc += len(batch)

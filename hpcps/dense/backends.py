@@ -10,6 +10,7 @@ import socket
 
 from mpi4py import MPI
 
+from .._wait import wait_request
 from ..errors import HpcpsError
 
 __all__ = ["MPIBackend", "NCCLBackend", "make_backend"]
@@ -25,7 +26,7 @@ class _MPIWork:
         return self._req.Test()
 
     def wait(self) -> None:
-        self._req.Wait()
+        wait_request(self._req)        # MPI_Wait would spin on a core other ranks may need
 
 
 class MPIBackend:

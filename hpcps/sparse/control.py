@@ -19,11 +19,11 @@ their pushes of step ``t`` completed:
 workers through step ``t - 1``: used before evaluation and checkpoints.
 """
 
-import os
-
 import numpy as np
 from mpi4py import MPI
 
+from .._wait import backoff
+from .table import apply_staged
 from .window import Window
 
 __all__ = ["parse_mode", "StepControl"]
@@ -83,8 +83,10 @@ class StepControl:
 
     def _wait_applied(self, step: int) -> None:
         for rank in self.ctx.ps_world_ranks:
+            misses = 0
             while self._read(rank, 1)[0] < step:
-                os.sched_yield()
+                misses += 1
+                backoff(misses)
 
     def begin(self, step: int) -> int:
         """Worker, before pulling for ``step``: wait as the mode asks; returns the staleness seen. Local."""
@@ -97,12 +99,14 @@ class StepControl:
                 self._wait_applied(step)
         elif self.kind == "ssp" or self.kind == "async":
             ps0 = self.ctx.ps_world_ranks[0]
+            misses = 0
             while True:
                 slowest = int(self._read(ps0, 2, self.ctx.num_workers).min())
                 stale = step - slowest
                 if self.kind == "async" or stale <= self.bound:
                     break
-                os.sched_yield()
+                misses += 1
+                backoff(misses)
             self.staleness.append(stale)
         self.wait_seconds += time.perf_counter() - t0
         return stale
@@ -123,8 +127,9 @@ class StepControl:
         self._wait_applied(step)
 
     # ------------------------------------------------------------ PS side
-    def service(self, tables, final: bool = False) -> None:
-        """PS: apply what the mode allows now. ``final`` drains everything. Local."""
+    def service(self, tables, final: bool = False) -> bool:
+        """PS: apply what the mode allows now. ``final`` drains everything. Returns whether
+        anything was applied or published (the serve loop polls faster after work). Local."""
         win = self._win.win
         me = self.ctx.rank
         win.Fetch_and_op(self._one, self._res, me, 0, MPI.NO_OP)
@@ -134,16 +139,18 @@ class StepControl:
         complete = done // W                      # steps every worker has finished
         if self.kind == "sync" and not final:
             if complete > self.step:              # at most one step ahead: workers wait for us
-                for t in tables:
-                    t._apply_staged(self.step)
+                apply_staged(self.ctx, tables, self.step)
                 self._publish(self.step + 1)
-            return
+                return True
+            return False
         # async / ssp / final: apply whatever is staged. A staged push comes from a step at most
         # `bound` past the slowest worker's: stamp rows with that upper bound (row versions)
-        for t in tables:
-            t._apply_staged(max(complete, self.step) if final else complete, stamp=complete + self.bound + 1)
+        rows = apply_staged(self.ctx, tables, max(complete, self.step) if final else complete,
+                            stamp=complete + self.bound + 1)
         if complete > self.step or final:
             self._publish(max(complete, self.step))
+            return True
+        return rows > 0
 
     def _publish(self, applied: int) -> None:
         win = self._win.win

@@ -9,15 +9,14 @@ element, the same element-wise guarantee MPI gives.
 Each PS rank exposes two int64 words in a window of their own: the lock,
 taken with ``MPI_Compare_and_swap`` (0 -> world rank + 1) and released with an
 atomic ``MPI_Accumulate(REPLACE, 0)``, and a count of pushes staged since the
-PS last applied them (stateful optimizers). Waiting spins through MPI and yields
-the CPU between tries (oversubscribed nodes).
+PS last applied them (stateful optimizers). Waiting polls through MPI and pauses
+between tries as ``hpcps._wait`` says (a yield, or sleeps on an oversubscribed node).
 """
-
-import os
 
 import numpy as np
 from mpi4py import MPI
 
+from .._wait import backoff
 from .window import Window
 
 __all__ = ["ShardLocks"]
@@ -39,13 +38,15 @@ class ShardLocks:
     def acquire(self, rank: int) -> None:
         """Block until this rank holds the lock of PS at world ``rank``. Local (one-sided)."""
         win = self._window.win
+        misses = 0
         while True:
             win.Compare_and_swap(self._me, self._zero, self._result, rank, 0)
             win.Flush(rank)
             if self._result[0] == 0:
                 return
             self.spins += 1
-            os.sched_yield()
+            misses += 1
+            backoff(misses)
 
     def release(self, rank: int) -> None:
         """Release the lock of PS at world ``rank``. Local (one-sided)."""

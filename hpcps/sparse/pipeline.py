@@ -6,6 +6,10 @@ pushes of step t overlap the model's compute (numpy gathers, torch adds and MPI
 calls release the GIL). It needs ``MPI_THREAD_MULTIPLE``; where the MPI library
 gives less, it runs each call inline and says so once.
 
+``PushBatch`` collects one step's pushes of several tables (the autograd hooks
+add to it) and sends them with one :func:`hpcps.sparse.table.push_many`: one
+shard-lock round trip per PS per step instead of one per table.
+
 ``RowCache`` is a direct-mapped cache of rows a worker pulled, each with the
 step it was read at; a row older than ``staleness`` steps is pulled again.
 """
@@ -17,7 +21,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 from mpi4py import MPI
 
-__all__ = ["CommThread", "RowCache"]
+from .table import push_many
+
+__all__ = ["CommThread", "PushBatch", "RowCache"]
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +76,30 @@ class CommThread:
             if self._pool is not None:
                 self._pool.shutdown(wait=True)
                 self._pool = None
+
+
+class PushBatch:
+    """One worker's pushes of a step, for several tables of one context. Local (worker ranks).
+
+    ``add`` keeps a push; ``flush`` sends everything kept as one ``push_many`` on
+    ``comm`` (inline when ``comm`` is not enabled: then it has completed, and a
+    failure raised, when ``flush`` returns).
+    """
+
+    def __init__(self, comm: CommThread):
+        self.comm = comm
+        self._items = []
+
+    def add(self, table, ids: np.ndarray, grads: np.ndarray) -> None:
+        self._items.append((table, ids, grads))
+
+    def flush(self) -> None:
+        if not self._items:
+            return
+        items, self._items = self._items, []
+        f = self.comm.submit(push_many, items)
+        if not self.comm.enabled:
+            f.result()
 
 
 class RowCache:

@@ -17,15 +17,15 @@ from dataclasses import dataclass, field
 import numpy as np
 from mpi4py import MPI
 
+from .._wait import backoff
 from ..errors import FreedError, RoleError
 from .initializers import default_scale, initial_rows
-from .lock import ShardLocks
 from .optimizers import SGD, SparseOptimizer, new_state
 from .sharding import ModuloSharding
 from .validate import as_grads, as_ids
 from .window import Window
 
-__all__ = ["EmbeddingTable", "PullHandle", "PushHandle"]
+__all__ = ["EmbeddingTable", "PullHandle", "PushHandle", "apply_staged", "push_many"]
 
 logger = logging.getLogger(__name__)
 
@@ -59,10 +59,12 @@ class TableStats:
 
 
 def _complete(requests) -> None:
-    """Wait for RMA requests, yielding the CPU between tests: on a core shared with the model's
-    compute (a communication thread, an oversubscribed node) a blocking flush would spin on it."""
+    """Wait for RMA requests, pausing between tests (``hpcps._wait``): on a core shared with the
+    model's compute (a communication thread, an oversubscribed node) a blocking flush would spin on it."""
+    misses = 0
     while requests and not MPI.Request.Testall(requests):
-        os.sched_yield()
+        misses += 1
+        backoff(misses)
 
 
 class PullHandle:
@@ -169,7 +171,7 @@ class EmbeddingTable:
         self._row_bytes = self.dim * 4
         local_rows = self.sharding.shard_rows(ctx.ps_rank) if ctx.is_ps else 0
         self._data = Window(ctx.world, local_rows * self._row_bytes, what=f"table {name!r}")
-        self._locks = ShardLocks(ctx.world, ctx.is_ps, what=f"table {name!r}")
+        self._locks = ctx.shard_locks           # shared by the context's tables (push_many)
         self._rowtype = MPI.FLOAT.Create_contiguous(self.dim).Commit()
         self.pull_dtype = pull_dtype
         # a 16-bit copy is kept current by the PS, so the PS applies every update (even plain SGD)
@@ -422,130 +424,115 @@ class EmbeddingTable:
         With plain SGD the update is complete (visible to every later pull) when
         the call returns; stateful optimizers stage the gradient, and the owning
         PS applies it as the context's mode says (``ctx.step_end``/``ctx.fence``).
+        Several tables at once: :func:`push_many`.
         """
+        push_many([(self, ids, grads)])
+        return PushHandle()
+
+    def _push_parts(self, ids, grads):
+        """Validate one push and split it by owner: ``[(p, local rows, grads)]``. Local, no communication."""
         self._check_worker("push")
         ids = as_ids(self.name, ids, self.num_rows)
         grads = as_grads(self.name, grads, ids.size, self.dim)
-        started = time.perf_counter()
         st = self.stats
         st.pushes += 1
         st.push_rows += ids.size
         if ids.size == 0:
-            return PushHandle()
-        torch = _t()
-        if self.stateful:                  # stage raw gradients; the owning PS applies them
-            alpha = 1.0
-        else:
-            alpha = -self.optimizer.lr_at(self.ctx.control.step)
-        stamp = self.ctx.control.step + 1
+            return []
         P = self.ctx.num_ps
         if P == 1:
-            owner, local = None, ids
-            groups = [(0, slice(None))]
-        else:
-            owner, local = np.divmod(ids, P)[::-1]
-            groups = [(p, np.flatnonzero(owner == p)) for p in np.unique(owner).tolist()]
-        for p, sel in groups:
-            rank = self.ctx.ps_world_ranks[p]
-            rows_p, g_p = local[sel], grads[sel]
-            st.rows_per_ps[p] += rows_p.size
-            st.bytes_per_ps[p] += g_p.nbytes
-            window = self._stage if self.stateful else self._data
-            view = (self._stage_views if self.stateful else self._views)[p]
-            if view is not None:
-                target = torch.from_numpy(view)
-                self._locks.acquire(rank)
+            return [(0, ids, grads)]
+        owner, local = np.divmod(ids, P)[::-1]
+        parts = []
+        for p in np.unique(owner).tolist():
+            sel = np.flatnonzero(owner == p)
+            parts.append((p, local[sel], grads[sel]))
+        return parts
+
+    def _push_locked(self, p: int, rows_p: np.ndarray, g_p: np.ndarray) -> None:
+        """Worker holding PS ``p``'s shard lock: add ``g_p`` (stateful: stage it) into local rows ``rows_p``."""
+        torch = _t()
+        st = self.stats
+        rank = self.ctx.ps_world_ranks[p]
+        alpha = 1.0 if self.stateful else -self.optimizer.lr_at(self.ctx.control.step)
+        stamp = self.ctx.control.step + 1
+        st.rows_per_ps[p] += rows_p.size
+        st.bytes_per_ps[p] += g_p.nbytes
+        window = self._stage if self.stateful else self._data
+        view = (self._stage_views if self.stateful else self._views)[p]
+        if view is not None:
+            window.sync()
+            torch.from_numpy(view).index_add_(0, torch.from_numpy(rows_p), torch.from_numpy(g_p), alpha=alpha)
+            if self.stateful:
+                self._flag_views[p][rows_p] = 1
+            elif self.track_dirty:
+                self._dirty_views[p][rows_p] = 1
+            window.sync()
+            if self.track_versions and not self.stateful:
+                self._stamp_rows(p, rank, np.unique(rows_p), stamp)
+            return
+        uniq, inverse = np.unique(rows_p, return_inverse=True)
+        sums = torch.zeros((uniq.size, self.dim), dtype=torch.float32)
+        sums.index_add_(0, torch.from_numpy(inverse.reshape(-1)), torch.from_numpy(g_p), alpha=alpha)
+        buf = sums.numpy()
+        dtype = self._hindexed(uniq)
+        win = window.win
+        try:
+            win.Accumulate([buf, MPI.FLOAT], rank, (0, 1, dtype), op=MPI.SUM)
+            win.Flush(rank)           # remote completion (a request would only say "buffer free")
+            marks = self._flags if self.stateful else (self._dirty if self.track_dirty else None)
+            if marks is not None:
+                ones = np.ones(uniq.size, np.uint8)
+                flag_type = MPI.BYTE.Create_indexed_block(1, uniq.tolist()).Commit()
                 try:
-                    window.sync()
-                    target.index_add_(0, torch.from_numpy(rows_p), torch.from_numpy(g_p), alpha=alpha)
-                    if self.stateful:
-                        self._flag_views[p][rows_p] = 1
-                        self._locks.add_pending(rank)
-                    elif self.track_dirty:
-                        self._dirty_views[p][rows_p] = 1
-                    window.sync()
-                    if self.track_versions and not self.stateful:
-                        self._stamp_rows(p, rank, np.unique(rows_p), stamp)
+                    marks.win.Put([ones, MPI.BYTE], rank, (0, 1, flag_type))
+                    marks.win.Flush(rank)
                 finally:
-                    self._locks.release(rank)
-                continue
-            uniq, inverse = np.unique(rows_p, return_inverse=True)
-            sums = torch.zeros((uniq.size, self.dim), dtype=torch.float32)
-            sums.index_add_(0, torch.from_numpy(inverse.reshape(-1)), torch.from_numpy(g_p), alpha=alpha)
-            buf = sums.numpy()
-            dtype = self._hindexed(uniq)
-            win = window.win
-            self._locks.acquire(rank)
-            try:
-                win.Accumulate([buf, MPI.FLOAT], rank, (0, 1, dtype), op=MPI.SUM)
-                win.Flush(rank)           # remote completion (a request would only say "buffer free")
-                marks = self._flags if self.stateful else (self._dirty if self.track_dirty else None)
-                if marks is not None:
-                    ones = np.ones(uniq.size, np.uint8)
-                    flag_type = MPI.BYTE.Create_indexed_block(1, uniq.tolist()).Commit()
-                    try:
-                        marks.win.Put([ones, MPI.BYTE], rank, (0, 1, flag_type))
-                        marks.win.Flush(rank)
-                    finally:
-                        flag_type.Free()
-                if self.stateful:
-                    self._locks.add_pending(rank)
-                elif self.track_versions:
-                    self._stamp_rows(p, rank, uniq, stamp)
-            finally:
-                self._locks.release(rank)
-                dtype.Free()
-        st.push_seconds += time.perf_counter() - started
-        return PushHandle()
+                    flag_type.Free()
+            if not self.stateful and self.track_versions:
+                self._stamp_rows(p, rank, uniq, stamp)
+        finally:
+            dtype.Free()
 
     def push(self, ids, grads) -> None:
         """``push_async(ids, grads).wait()``. Worker ranks; local (one-sided)."""
         self.push_async(ids, grads).wait()
 
     # ------------------------------------------------------------ PS side
-    def _apply_staged(self, step: int, stamp: int | None = None) -> int:
-        """PS: apply the staged gradients of this shard, if any; returns rows updated. Local.
-
-        Called from the serve loop (``StepControl.service``). Staged sums are
-        taken and zeroed under the shard lock, so a push lands either wholly in
-        this apply or wholly in the next one. ``stamp`` (default ``step + 1``) is
-        an upper bound on ``step + 1`` of the pushes applied, for ``track_versions``.
-        """
+    def _take_staged(self):
+        """PS holding its own shard lock: the staged rows and their summed gradients, which are
+        reset to zero; ``None`` when nothing is staged. Local."""
         if not self.stateful or self._data.freed:
-            return 0
-        me = self.ctx.rank
-        if self._locks.pending(me) == 0:
-            return 0
-        torch = _t()
+            return None
         stage = self._stage.local().reshape(-1, self.dim)
         flags = self._flags.local(np.uint8)[:stage.shape[0]]
-        self._locks.acquire(me)
-        try:
-            self._stage.sync()
-            self._flags.sync()
-            rows = np.flatnonzero(flags)
-            grads = stage[rows]
-            stage[rows] = 0
-            flags[rows] = 0
-            self._locks.pending(me, reset=True)
-            self._stage.sync()
-            self._flags.sync()
-        finally:
-            self._locks.release(me)
-        if rows.size:
-            self._applies += 1
-            state = {k: torch.from_numpy(v) for k, v in self._state.items()}
-            self.optimizer.apply(torch.from_numpy(self.shard()), state, torch.from_numpy(rows),
-                                 torch.from_numpy(grads), step, self._applies)
-            if self.track_dirty:
-                self._dirty.local(np.uint8)[rows] = 1
-            self._data.sync()
-            self._sync_half(rows)
-            if self.track_versions:                 # after the rows: a reader that sees the stamp sees them
-                ver = self._versions.local(np.int32)
-                ver[rows] = np.maximum(ver[rows], np.int32(step + 1 if stamp is None else stamp))
-                self._versions.sync()
-        return int(rows.size)
+        self._stage.sync()
+        self._flags.sync()
+        rows = np.flatnonzero(flags)
+        if rows.size == 0:
+            return None
+        grads = stage[rows]
+        stage[rows] = 0
+        flags[rows] = 0
+        self._stage.sync()
+        self._flags.sync()
+        return rows, grads
+
+    def _apply_taken(self, rows: np.ndarray, grads: np.ndarray, step: int, stamp: int | None = None) -> None:
+        """PS: apply the optimizer to ``rows`` with the gradients :meth:`_take_staged` gave. Local."""
+        torch = _t()
+        self._applies += 1
+        state = {k: torch.from_numpy(v) for k, v in self._state.items()}
+        self.optimizer.apply(torch.from_numpy(self.shard()), state, torch.from_numpy(rows),
+                             torch.from_numpy(grads), step, self._applies)
+        if self.track_dirty:
+            self._dirty.local(np.uint8)[rows] = 1
+        self._data.sync()
+        self._sync_half(rows)
+        if self.track_versions:                 # after the rows: a reader that sees the stamp sees them
+            ver = self._versions.local(np.int32)
+            ver[rows] = np.maximum(ver[rows], np.int32(step + 1 if stamp is None else stamp))
+            self._versions.sync()
 
     def take_dirty(self) -> np.ndarray:
         """PS, while no worker pushes (checkpoint cut): local rows changed since the last call,
@@ -567,7 +554,6 @@ class EmbeddingTable:
         self._views = self._stage_views = self._flag_views = self._dirty_views = [None] * self.ctx.num_ps
         self._version_views = [None] * self.ctx.num_ps
         self._rowtype.Free()
-        self._locks.free()
         if self.track_versions:
             self._versions.free()
         if self.pull_dtype != "float32":
@@ -589,3 +575,67 @@ class EmbeddingTable:
     def __repr__(self) -> str:
         return (f"<hpcps.EmbeddingTable {self.name!r} {self.num_rows}x{self.dim} over "
                 f"{self.ctx.num_ps} PS, {type(self.optimizer).__name__}>")
+
+
+def push_many(pushes) -> None:
+    """Push to several tables in one go: ``pushes`` is ``[(table, ids, grads), ...]``, each as
+    :meth:`EmbeddingTable.push_async`. Worker ranks; local (one-sided).
+
+    Every push is validated before any communication (a bad one raises ``ValueError``
+    and nothing is pushed). Then each PS's shard lock, shared by all tables of a
+    context, is taken once for all the tables' rows it owns, and one staged push is
+    counted: a training step's pushes of N tables cost one lock round trip per PS
+    instead of N. Same result as the pushes one by one.
+    """
+    if not pushes:
+        return
+    ctx = pushes[0][0].ctx
+    if any(t.ctx is not ctx for t, _, _ in pushes):
+        raise ValueError("push_many: all tables must belong to one hpcps context")
+    started = time.perf_counter()
+    by_ps = {}
+    for table, ids, grads in pushes:
+        for p, rows_p, g_p in table._push_parts(ids, grads):
+            by_ps.setdefault(p, []).append((table, rows_p, g_p))
+    locks = ctx.shard_locks
+    for p in sorted(by_ps):
+        rank = ctx.ps_world_ranks[p]
+        locks.acquire(rank)
+        try:
+            for table, rows_p, g_p in by_ps[p]:
+                table._push_locked(p, rows_p, g_p)
+            if any(table.stateful for table, _, _ in by_ps[p]):
+                locks.add_pending(rank)
+        finally:
+            locks.release(rank)
+    elapsed = time.perf_counter() - started
+    for table, _, _ in pushes:
+        table.stats.push_seconds += elapsed / len(pushes)
+
+
+def apply_staged(ctx, tables, step: int, stamp: int | None = None) -> int:
+    """PS: apply the gradients staged in this rank's shards of ``tables``; returns the rows updated.
+    Local; called from the serve loop (``StepControl.service``).
+
+    Staged sums of every table are taken and zeroed under the shard lock in one
+    acquisition, so a worker's push (all tables of a step, :func:`push_many`) lands
+    either wholly in this apply or wholly in the next one. ``stamp`` (default
+    ``step + 1``) is an upper bound on ``step + 1`` of the pushes applied
+    (``track_versions``).
+    """
+    me = ctx.rank
+    locks = ctx.shard_locks
+    if locks.pending(me) == 0:
+        return 0
+    locks.acquire(me)
+    try:
+        taken = [(t, t._take_staged()) for t in tables]
+        locks.pending(me, reset=True)
+    finally:
+        locks.release(me)
+    rows = 0
+    for t, got in taken:
+        if got is not None:
+            t._apply_taken(*got, step, stamp)
+            rows += got[0].size
+    return rows

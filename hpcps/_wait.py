@@ -1,0 +1,57 @@
+"""How hpcps waits in its polling loops (fences, shard locks, RMA requests, the PS's serve
+loop, the dense all-reduce).
+
+Each loop calls :func:`backoff` after a poll that found nothing. Two policies:
+
+- ``yield``: ``sched_yield()`` after every miss. The lowest latency; right when
+  every rank has a core of its own.
+- ``sleep``: a few yields, then sleeps that double from 20 us up to 200 us. Right
+  on an oversubscribed node (more ranks than CPUs): a waiting rank gives its core
+  to the ranks that compute, instead of taking half of it to spin. A shared-memory
+  or RMA operation aimed at a sleeping rank still completes (windows are
+  ``Win.Allocate`` + ``Lock_all(MODE_NOCHECK)``, see ``hpcps/sparse/window.py``).
+
+``$HPCPS_WAIT`` = ``auto`` (default) | ``yield`` | ``sleep``; ``auto`` is ``sleep``
+where the ranks on this node outnumber the CPUs they may run on, else ``yield``.
+:func:`hpcps.init` decides it once per process.
+"""
+
+import os
+import time
+
+__all__ = ["WAIT_POLICIES", "backoff", "policy", "set_policy", "wait_request"]
+
+WAIT_POLICIES = ("auto", "yield", "sleep")
+_SPINS = 2                  # misses answered with a yield before the first sleep
+_FIRST_S, _MAX_S = 20e-6, 200e-6
+
+_sleep = False
+
+
+def set_policy(name: str) -> None:
+    """``"yield"`` or ``"sleep"`` for this process. Local."""
+    global _sleep
+    if name not in ("yield", "sleep"):
+        raise ValueError(f"wait policy must be 'yield' or 'sleep', got {name!r}")
+    _sleep = name == "sleep"
+
+
+def policy() -> str:
+    """The policy in force in this process. Local."""
+    return "sleep" if _sleep else "yield"
+
+
+def backoff(misses: int) -> None:
+    """Pause after the ``misses``-th poll in a row that found nothing (counting from 1). Local."""
+    if not _sleep or misses <= _SPINS:
+        os.sched_yield()
+        return
+    time.sleep(min(_FIRST_S * (1 << min(misses - _SPINS - 1, 8)), _MAX_S))
+
+
+def wait_request(req) -> None:
+    """Complete an MPI request by polling ``Test`` under the policy. Local."""
+    misses = 0
+    while not req.Test():
+        misses += 1
+        backoff(misses)
