@@ -136,9 +136,7 @@ class ShardedEmbeddingBag(torch.nn.Module):
             self.batch.add(self.table, uniq, g)
             self.push_wait_s += time.perf_counter() - t0
             return
-        f = self.comm.submit(self.table.push, uniq, g)
-        if not self.comm.enabled:
-            f.result()
+        self.comm.post(self.table.push, uniq, g)
         self.push_wait_s += time.perf_counter() - t0
 
     def forward(self, input, offsets=None, per_sample_weights=None):

@@ -4,8 +4,9 @@ Every rank builds the data source (for table sizes) and the tables; PS ranks
 then serve, workers run the loop:
 
     step_begin(t) -> read own slice of global batch t -> forward (pulls rows)
-    -> backward (pushes sparse gradients from autograd hooks; dense buckets
-    all-reduced as they fill) -> dense optimizer step -> step_end(t)
+    -> backward (autograd hooks collect the sparse gradients; dense buckets are
+    all-reduced as they fill) -> push every table's gradients together
+    (push_many) -> step_end(t) -> finish the dense all-reduce -> dense optimizer step
 
 Each worker's loss is its share of the global-batch mean (``sum / B * W``;
 the dense all-reduce averages over W workers and sparse gradients are pushed
@@ -334,6 +335,9 @@ def _work(cfg, ctx, data, tables, steps, start=0, resume_from=None, ckpt=None, s
         t3 = time.perf_counter()
         waits3 = _waits(embs)               # inline pulls happen inside forward/backward
         pushes.flush()                      # inline: the step's pushes happen here
+        # the step is done for the PS once its pushes are: report it now (after them, on the comm
+        # thread), so the PS applies it while this worker all-reduces and steps the dense layers
+        comm_thread.post(ctx.step_end, step)
         t3p = time.perf_counter()
         dense.synchronize()
         t4 = time.perf_counter()
@@ -349,7 +353,6 @@ def _work(cfg, ctx, data, tables, steps, start=0, resume_from=None, ckpt=None, s
             e.wait_pushes()
         pull_s, push_s = (b - a for a, b in zip(waits0, _waits(embs)))
         in_fb = sum(b - a for a, b in zip(waits0, waits3))
-        ctx.step_end(step)
         timing["idle"] += t1 - t0
         timing["data"] += t2 - t1 + t_data
         timing["pull"] += pull_s

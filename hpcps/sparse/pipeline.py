@@ -61,6 +61,13 @@ class CommThread:
             self._pending = [p for p in self._pending if not p.done()] + [f]
         return f
 
+    def post(self, fn, *args) -> None:
+        """``submit`` for a call whose result nobody reads: inline, it has run and a failure is
+        raised here; on the thread, a failure is raised by the next ``drain``. Local."""
+        f = self.submit(fn, *args)
+        if self._pool is None:
+            f.result()
+
     def drain(self) -> None:
         """Wait for every call submitted so far; raise the first failure. Local."""
         with self._lock:
@@ -97,9 +104,7 @@ class PushBatch:
         if not self._items:
             return
         items, self._items = self._items, []
-        f = self.comm.submit(push_many, items)
-        if not self.comm.enabled:
-            f.result()
+        self.comm.post(push_many, items)
 
 
 class RowCache:
