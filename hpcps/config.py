@@ -70,6 +70,7 @@ class ModelConfig:
     device: str = "cpu"         # cpu | cuda (dense layers; tables stay on the PS ranks)
     dense_backend: str = "auto"  # auto: nccl for cuda, mpi for cpu | mpi | nccl
     bucket_mb: float = 4.0
+    threads: int = 0            # torch threads per rank; 0: this node's CPUs / its ranks (at least 1)
 
 
 @dataclass
@@ -320,6 +321,7 @@ def validate(cfg: Config) -> None:
     _check(m.dense_backend in ("auto", "mpi", "nccl"), "model.dense_backend", m.dense_backend,
            "must be auto, mpi or nccl")
     _check(m.bucket_mb > 0, "model.bucket_mb", m.bucket_mb, "must be > 0")
+    _check(m.threads >= 0, "model.threads", m.threads, "must be >= 0 (0: the node's CPUs / its ranks)")
     _check(m.device in ("cpu", "cuda"), "model.device", m.device, "must be cpu or cuda")
     _check(not (m.device == "cpu" and m.dense_backend == "nccl"), "model.dense_backend", m.dense_backend,
            "nccl needs model.device = cuda")

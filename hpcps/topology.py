@@ -104,7 +104,8 @@ class Context:
         self.mode = mode
         self.node_comm = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
         # more ranks than CPUs here: waiting ranks sleep instead of spinning (hpcps/_wait.py)
-        self.oversubscribed = self.node_comm.Get_size() > _node_cpus(self.node_comm)
+        self.node_cpus = _node_cpus(self.node_comm)
+        self.oversubscribed = self.node_comm.Get_size() > self.node_cpus
         if wait == "auto":
             wait = "sleep" if self.oversubscribed else "yield"
         _wait.set_policy(wait)

@@ -155,6 +155,8 @@ def train(cfg: Config) -> dict | None:
         raise ValueError("config: model.device = 'cuda' but torch sees no GPU")
     with init(num_ps=cfg.job.num_ps, transport=cfg.job.transport, mode=cfg.job.mode) as ctx:
         W = ctx.num_workers
+        # torch's default (every CPU, per rank) oversubscribes a node that runs several ranks
+        torch.set_num_threads(cfg.model.threads or max(1, ctx.node_cpus // ctx.node_comm.Get_size()))
         data = make_data(cfg.data, cfg.job.seed, W, max(ctx.worker_rank, 0))
         steps = total_steps(cfg, data)
         sparse_opt = build_sparse_optimizer(cfg.optimizer.sparse, steps)

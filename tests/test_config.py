@@ -52,6 +52,7 @@ def test_file_errors_name_the_key(tmp_path, text, msg):
     (["optimizer.dense.name=lamb"], "optimizer.dense.name = 'lamb'"),
     (["optimizer.sparse.schedule=wavy"], "schedule kind"),
     (["model.dense_backend=gloo"], "model.dense_backend"),
+    (["model.threads=-2"], "model.threads = -2: must be >= 0"),
     (["job.steps"], "--set takes key=value"),
     (["job.steps=0"], "synthetic data is endless"),
     (["checkpoint.dir_mode=rwx"], "checkpoint.dir_mode = 'rwx': must be an octal permission"),
