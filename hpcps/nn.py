@@ -158,6 +158,10 @@ class ShardedEmbeddingBag(torch.nn.Module):
         if weight.requires_grad:
             weight.register_hook(lambda grad, uniq=uniq: self._push(uniq, grad))
         local = torch.from_numpy(p.inverse).view(ids.shape).to(self.device)
+        if offsets is None and per_sample_weights is None and ids.dim() == 2 and ids.shape[1] == 1:
+            # bags of one id (DLRM's categorical features): the bag is the row; F.embedding's
+            # forward and backward cost ~half of F.embedding_bag's on CPU for the same result
+            return F.embedding(local.view(-1), weight)
         if offsets is not None:
             offsets = torch.as_tensor(offsets).to(self.device)
         return F.embedding_bag(local, weight, offsets, mode=self.mode, per_sample_weights=per_sample_weights)

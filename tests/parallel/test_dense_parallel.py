@@ -87,12 +87,15 @@ def test_sharded_embedding_bag_matches_torch(mode):
         out = bag(ids, offsets)
         expected = ref(ids, offsets)
         torch.testing.assert_close(out, expected)
-        torch.testing.assert_close(bag(ids.view(-1, 1)), ref(ids.view(-1, 1)))   # 2-D input
+        single = bag(ids.view(-1, 1))                          # 2-D input, bags of one id (F.embedding path)
+        single_expected = ref(ids.view(-1, 1))
+        torch.testing.assert_close(single, single_expected)
         ctx.worker_comm.Barrier()                              # every worker read before anyone pushes
         ctx.step_begin(0)
-        (out * weights).sum().backward()                       # pushes -1 * grad into the table
+        w1 = torch.arange(1.0, 8.0)[:, None]
+        ((out * weights).sum() + (single * w1).sum()).backward()   # pushes -1 * grad into the table
         ctx.step_end(0)
-        (expected * weights).sum().backward()
+        ((expected * weights).sum() + (single_expected * w1).sum()).backward()
         ctx.fence(1)
         ctx.worker_comm.Barrier()
         W = ctx.num_workers
