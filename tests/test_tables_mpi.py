@@ -31,10 +31,21 @@ def test_concurrent_pushes_lose_no_update(n, num_ps, transport):
     assert int(sums[0]) > 150 * (n - num_ps) * 2          # every worker hit row 0 twice per round
 
 
-@pytest.mark.parametrize("n,num_ps,transport", [(4, 1, "auto"), (5, 2, "rma")])
-def test_staged_pushes_applied_by_ps_lose_no_update(n, num_ps, transport):
-    r = run_mpi(n, ["concurrent_push.py", num_ps, transport, 150, "stateful"], timeout=180)
+@pytest.mark.parametrize("n,num_ps,transport,list_rows", [(4, 1, "auto", None), (5, 2, "rma", None),
+                                                           (4, 1, "auto", 30), (5, 2, "rma", 12)])
+def test_staged_pushes_applied_by_ps_lose_no_update(n, num_ps, transport, list_rows):
+    """The PS finds staged rows on its staged-row list (as long as the shard: it never overflows).
+    A list shorter than one push's rows (list_rows) overflows, and the PS scans its flags
+    instead, at least after every first push since an apply: either way no update is lost."""
+    extra = [] if list_rows is None else [list_rows]
+    r = run_mpi(n, ["concurrent_push.py", num_ps, transport, 150, "stateful", *extra], timeout=180)
     assert r.stdout.count("OK worker") == n - num_ps
+    counts = [tuple(map(int, m)) for m in re.findall(r"OK PS applies listed (\d+) scanned (\d+)", r.stdout)]
+    assert len(counts) == num_ps
+    if list_rows is None:
+        assert all(listed > 0 and scanned == 0 for listed, scanned in counts)
+    else:
+        assert all(scanned > 0 for _, scanned in counts)
 
 
 @pytest.mark.parametrize("transport", ["auto", "rma"])

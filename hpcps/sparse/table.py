@@ -30,6 +30,9 @@ __all__ = ["EmbeddingTable", "PullHandle", "PushHandle", "apply_staged", "push_m
 logger = logging.getLogger(__name__)
 
 _INIT_CHUNK_ROWS = 1 << 14
+# staged-row list (stateful tables): up to this many distinct rows staged between two applies are
+# listed, so an apply costs O(rows staged), not a scan of the shard's flags; past it, the PS scans
+STAGED_LIST_ROWS = 1 << 18
 RMA_READS = ("get_accumulate", "get")
 PULL_DTYPES = ("float32", "bfloat16", "float16")
 
@@ -56,6 +59,8 @@ class TableStats:
     push_seconds: float = 0.0
     rows_per_ps: list = field(default_factory=list)     # rows pulled and pushed, per PS
     bytes_per_ps: list = field(default_factory=list)    # their bytes as moved (16-bit pulls: 2 per value)
+    applies_listed: int = 0     # PS: applies that took their rows from the staged-row list
+    applies_scanned: int = 0    # PS: applies that scanned the shard's flags (the list had overflowed)
 
 
 def _complete(requests) -> None:
@@ -181,6 +186,12 @@ class EmbeddingTable:
         if self.stateful:                       # gradients are staged next to the rows
             self._stage = Window(ctx.world, local_rows * self._row_bytes, what=f"table {name!r} staging")
             self._flags = Window(ctx.world, -(-local_rows // 8) * 8, what=f"table {name!r} touched rows")
+            # int64: [0] = rows listed (-1: overflowed, scan the flags), [1:] = the rows
+            self._list_cap = min(local_rows, STAGED_LIST_ROWS) if ctx.is_ps else 0
+            cap = ctx.world.allgather(self._list_cap)
+            self._list_caps = [cap[r] for r in ctx.ps_world_ranks]
+            self._list = Window(ctx.world, (1 + self._list_cap) * 8 if ctx.is_ps else 0,
+                                what=f"table {name!r} staged-row list")
         self.track_dirty = bool(track_dirty)
         if self.track_dirty:
             self._dirty = Window(ctx.world, -(-local_rows // 8) * 8, what=f"table {name!r} dirty rows")
@@ -202,6 +213,8 @@ class EmbeddingTable:
             if self.stateful:
                 self._stage.local()[:] = 0
                 self._flags.local(np.uint8)[:] = 0
+                self._list.local(np.int64)[:] = 0
+                self._list.sync()
                 self._stage.sync()
                 self._flags.sync()
                 self._state = new_state(optimizer, local_rows, self.dim)
@@ -223,6 +236,8 @@ class EmbeddingTable:
         if self.stateful and ctx.is_worker:
             self._stage_views = self._map_shared_shards(self._stage)
             self._flag_views = [None if v is None else self._flags.shared(r, np.uint8)
+                                for v, r in zip(self._stage_views, ctx.ps_world_ranks)]
+            self._list_views = [None if v is None else self._list.shared(r, np.int64)
                                 for v, r in zip(self._stage_views, ctx.ps_world_ranks)]
         ctx._register(self)
 
@@ -464,7 +479,12 @@ class EmbeddingTable:
             window.sync()
             torch.from_numpy(view).index_add_(0, torch.from_numpy(rows_p), torch.from_numpy(g_p), alpha=alpha)
             if self.stateful:
-                self._flag_views[p][rows_p] = 1
+                flags = self._flag_views[p]
+                self._flags.sync()
+                new = np.unique(rows_p[flags[rows_p] == 0])
+                flags[new] = 1
+                self._list_rows(p, rank, new)
+                self._flags.sync()
             elif self.track_dirty:
                 self._dirty_views[p][rows_p] = 1
             window.sync()
@@ -480,6 +500,15 @@ class EmbeddingTable:
         try:
             win.Accumulate([buf, MPI.FLOAT], rank, (0, 1, dtype), op=MPI.SUM)
             win.Flush(rank)           # remote completion (a request would only say "buffer free")
+            if self.stateful:                 # rows not staged yet go on the PS's list
+                seen = np.empty(uniq.size, np.uint8)
+                flag_type = MPI.BYTE.Create_indexed_block(1, uniq.tolist()).Commit()
+                try:
+                    self._flags.win.Get([seen, MPI.BYTE], rank, (0, 1, flag_type))
+                    self._flags.win.Flush(rank)
+                finally:
+                    flag_type.Free()
+                self._list_rows(p, rank, uniq[seen == 0])
             marks = self._flags if self.stateful else (self._dirty if self.track_dirty else None)
             if marks is not None:
                 ones = np.ones(uniq.size, np.uint8)
@@ -499,6 +528,37 @@ class EmbeddingTable:
         self.push_async(ids, grads).wait()
 
     # ------------------------------------------------------------ PS side
+    def _list_rows(self, p: int, rank: int, new: np.ndarray) -> None:
+        """Worker holding PS ``p``'s shard lock: add ``new`` (unique rows whose flag was clear) to
+        its staged-row list, or mark the list overflowed. Local (one-sided)."""
+        if new.size == 0:
+            return
+        cap = self._list_caps[p]
+        view = self._list_views[p]
+        if view is not None:
+            self._list.sync()
+            n = int(view[0])
+            if n >= 0 and n + new.size <= cap:
+                view[1 + n:1 + n + new.size] = new
+                view[0] = n + new.size
+            else:
+                view[0] = -1
+            self._list.sync()
+            return
+        win = self._list.win
+        count = np.empty(1, np.int64)
+        win.Get([count, MPI.INT64_T], rank, (0, 1, MPI.INT64_T))
+        win.Flush(rank)
+        n = int(count[0])
+        if n >= 0 and n + new.size <= cap:
+            rows = np.ascontiguousarray(new, dtype=np.int64)
+            win.Put([rows, MPI.INT64_T], rank, ((1 + n) * 8, rows.size, MPI.INT64_T))
+            count[0] = n + new.size
+        else:
+            count[0] = -1
+        win.Put([count, MPI.INT64_T], rank, (0, 1, MPI.INT64_T))
+        win.Flush(rank)
+
     def _take_staged(self):
         """PS holding its own shard lock: the staged rows and their summed gradients, which are
         reset to zero; ``None`` when nothing is staged. Local."""
@@ -506,9 +566,18 @@ class EmbeddingTable:
             return None
         stage = self._stage.local().reshape(-1, self.dim)
         flags = self._flags.local(np.uint8)[:stage.shape[0]]
+        listed = self._list.local(np.int64)
         self._stage.sync()
         self._flags.sync()
-        rows = np.flatnonzero(flags)
+        self._list.sync()
+        n = int(listed[0])
+        rows = np.sort(listed[1:1 + n]) if n >= 0 else np.flatnonzero(flags)
+        if n < 0:
+            self.stats.applies_scanned += 1
+        elif n:
+            self.stats.applies_listed += 1
+        listed[0] = 0
+        self._list.sync()
         if rows.size == 0:
             return None
         grads = stage[rows]
@@ -552,6 +621,7 @@ class EmbeddingTable:
         if self._data.freed:
             return
         self._views = self._stage_views = self._flag_views = self._dirty_views = [None] * self.ctx.num_ps
+        self._list_views = [None] * self.ctx.num_ps
         self._version_views = [None] * self.ctx.num_ps
         self._rowtype.Free()
         if self.track_versions:
@@ -563,6 +633,7 @@ class EmbeddingTable:
         if self.track_dirty:
             self._dirty.free()
         if self.stateful:
+            self._list.free()
             self._flags.free()
             self._stage.free()
         self._data.free()

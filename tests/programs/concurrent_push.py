@@ -1,8 +1,10 @@
 """Workers push integer gradients to overlapping hot rows at once; no update may be lost.
 
-Usage: concurrent_push.py NUM_PS TRANSPORT ROUNDS [stateful]
+Usage: concurrent_push.py NUM_PS TRANSPORT ROUNDS [stateful [LIST_ROWS]]
 With "stateful", gradients are staged and applied by the PS while workers keep
 pushing (async mode): nothing may be lost between a push and the PS's drain.
+LIST_ROWS sets the staged-row list's length (hpcps.sparse.table.STAGED_LIST_ROWS):
+a short one overflows, and the PS then finds the staged rows by scanning.
 """
 import sys
 
@@ -13,6 +15,8 @@ import hpcps
 
 num_ps, transport, rounds = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 stateful = len(sys.argv) > 4 and sys.argv[4] == "stateful"
+if len(sys.argv) > 5:
+    hpcps.sparse.table.STAGED_LIST_ROWS = int(sys.argv[5])
 N, D = 300, 4
 # warmup_steps=1 keeps the rate at exactly 1.0 but makes SGD stateful (applied by the PS)
 opt = hpcps.optim.SGD(lr=1.0, schedule=hpcps.optim.LRSchedule(warmup_steps=1 if stateful else 0))
@@ -22,6 +26,8 @@ with hpcps.init(num_ps=num_ps, transport=transport, mode="async") as ctx:
     t = hpcps.EmbeddingTable(ctx, "hot", N, D, optimizer=opt, init_scale=0.0)
     if ctx.is_ps:
         ctx.serve()
+        st = t.stats
+        print(f"OK PS applies listed {st.applies_listed} scanned {st.applies_scanned}", flush=True)
     else:
         w = ctx.worker_rank
         rng = np.random.default_rng(100 + w)
