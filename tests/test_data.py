@@ -18,17 +18,19 @@ def _synth(workers, worker, **kw):
     return SyntheticCTR(**args)
 
 
-def test_synthetic_worker_slices_make_the_global_batch():
-    whole = _synth(1, 0).train_batch(5)
-    parts = [_synth(3, w).train_batch(5) for w in range(3)]
+@pytest.mark.parametrize("batch", [64, 1000])       # one block; slices across block boundaries
+def test_synthetic_worker_slices_make_the_global_batch(batch):
+    whole = _synth(1, 0, batch_size=batch).train_batch(5)
+    assert len(whole) == batch
+    parts = [_synth(3, w, batch_size=batch).train_batch(5) for w in range(3)]
     np.testing.assert_array_equal(np.concatenate([p.labels for p in parts]), whole.labels)
     for t in range(3):
         np.testing.assert_array_equal(np.concatenate([p.sparse[t] for p in parts]), whole.sparse[t])
     np.testing.assert_array_equal(np.concatenate([p.dense for p in parts]), whole.dense)
-    assert not np.array_equal(_synth(1, 0).train_batch(6).labels, whole.labels)
-    per_worker = [list(_synth(3, w).eval_batches()) for w in range(3)]
-    whole_eval = list(_synth(1, 0).eval_batches())
-    assert len(whole_eval) == 5                          # 300 samples in batches of 64: the last is short
+    assert not np.array_equal(_synth(1, 0, batch_size=batch).train_batch(6).labels, whole.labels)
+    per_worker = [list(_synth(3, w, batch_size=batch).eval_batches()) for w in range(3)]
+    whole_eval = list(_synth(1, 0, batch_size=batch).eval_batches())
+    assert len(whole_eval) == -(-300 // batch)            # 300 samples: the last batch is short
     for k, batch in enumerate(whole_eval):
         np.testing.assert_array_equal(np.concatenate([w[k].truth for w in per_worker]), batch.truth)
 

@@ -6,7 +6,10 @@ row) and ``v`` are fixed by the seed, so the best achievable AUC on the eval
 set is known: the AUC of the planted probabilities themselves.
 
 Global batch ``b`` is a pure function of ``(seed, b)``; each worker takes its
-slice, so the data seen is the same whatever the number of workers.
+slice, so the data seen is the same whatever the number of workers. A batch is
+drawn in blocks of ``BLOCK`` samples, each from its own seed ``(seed, stream,
+b, block)``, and a worker draws only the blocks its slice overlaps (not the
+whole global batch).
 """
 
 import numpy as np
@@ -14,7 +17,9 @@ import numpy as np
 from ..sparse.initializers import initial_rows
 from .base import Batch, DataSource, worker_slice
 
-__all__ = ["SyntheticCTR"]
+__all__ = ["SyntheticCTR", "BLOCK"]
+
+BLOCK = 128
 
 
 class SyntheticCTR(DataSource):
@@ -35,8 +40,9 @@ class SyntheticCTR(DataSource):
         self._v = initial_rows(seed, "planted/dense", np.arange(max(num_dense, 1)), 1, scale=signal)[:num_dense, 0]
         self.stats = {}
 
-    def _global(self, stream: int, b: int, n: int):
-        rng = np.random.default_rng([self.seed, stream, b])
+    def _block(self, stream: int, b: int, k: int, n: int):
+        """Samples ``[k * BLOCK, k * BLOCK + n)`` of batch ``b`` of ``stream``."""
+        rng = np.random.default_rng([self.seed, stream, b, k])
         sparse, logit = [], np.full(n, self.bias, dtype=np.float64)
         for t, (name, rows) in enumerate(self.tables):
             ids = (rng.zipf(self.zipf, n) - 1) % rows
@@ -48,16 +54,22 @@ class SyntheticCTR(DataSource):
         labels = (rng.random(n) < p).astype(np.float32)
         return dense, sparse, labels, p
 
-    def _take(self, parts, sl) -> Batch:
-        dense, sparse, labels, p = parts
-        return Batch(dense[sl], [s[sl] for s in sparse], labels[sl], p[sl])
+    def _part(self, stream: int, b: int, n: int, sl: slice) -> Batch:
+        """Samples ``sl`` of the ``n`` of batch ``b``: only the blocks they overlap are drawn."""
+        first, last = sl.start // BLOCK, max(-(-sl.stop // BLOCK), sl.start // BLOCK + 1)
+        blocks = [self._block(stream, b, k, max(min(BLOCK, n - k * BLOCK), 0)) for k in range(first, last)]
+        lo, hi = sl.start - first * BLOCK, sl.stop - first * BLOCK
+
+        def cat(parts):
+            return np.concatenate(parts)[lo:hi]
+        return Batch(cat([x[0] for x in blocks]), [cat([x[1][t] for x in blocks]) for t in range(len(self.tables))],
+                     cat([x[2] for x in blocks]), cat([x[3] for x in blocks]))
 
     def train_batch(self, step: int) -> Batch:
-        return self._take(self._global(0, step, self.batch_size), self._slice)
+        return self._part(0, step, self.batch_size, self._slice)
 
     def eval_batches(self):
         B = self.batch_size
         for b, start in enumerate(range(0, self.eval_samples, B)):
             n = min(B, self.eval_samples - start)
-            W_slice = slice(self._slice.start * n // B, self._slice.stop * n // B)
-            yield self._take(self._global(1, b, n), W_slice)
+            yield self._part(1, b, n, slice(self._slice.start * n // B, self._slice.stop * n // B))
