@@ -19,7 +19,7 @@ from .base import Batch, DataSource, worker_slice
 
 __all__ = ["SyntheticCTR", "BLOCK"]
 
-BLOCK = 128
+BLOCK = 256
 
 
 class SyntheticCTR(DataSource):
@@ -41,18 +41,11 @@ class SyntheticCTR(DataSource):
         self.stats = {}
 
     def _block(self, stream: int, b: int, k: int, n: int):
-        """Samples ``[k * BLOCK, k * BLOCK + n)`` of batch ``b`` of ``stream``."""
+        """The draws of samples ``[k * BLOCK, k * BLOCK + n)`` of batch ``b`` of ``stream``."""
         rng = np.random.default_rng([self.seed, stream, b, k])
-        sparse, logit = [], np.full(n, self.bias, dtype=np.float64)
-        for t, (name, rows) in enumerate(self.tables):
-            ids = (rng.zipf(self.zipf, n) - 1) % rows
-            sparse.append(ids.astype(np.int64))
-            logit += initial_rows(self.seed, f"planted/{t}", ids, 1, scale=self.signal)[:, 0]
+        ids = [(rng.zipf(self.zipf, n) - 1) % rows for _, rows in self.tables]
         dense = rng.normal(size=(n, self.num_dense)).astype(np.float32)
-        logit += dense @ self._v
-        p = 1 / (1 + np.exp(-logit))
-        labels = (rng.random(n) < p).astype(np.float32)
-        return dense, sparse, labels, p
+        return ids, dense, rng.random(n)
 
     def _part(self, stream: int, b: int, n: int, sl: slice) -> Batch:
         """Samples ``sl`` of the ``n`` of batch ``b``: only the blocks they overlap are drawn."""
@@ -62,8 +55,15 @@ class SyntheticCTR(DataSource):
 
         def cat(parts):
             return np.concatenate(parts)[lo:hi]
-        return Batch(cat([x[0] for x in blocks]), [cat([x[1][t] for x in blocks]) for t in range(len(self.tables))],
-                     cat([x[2] for x in blocks]), cat([x[3] for x in blocks]))
+        sparse = [cat([x[0][t] for x in blocks]).astype(np.int64) for t in range(len(self.tables))]
+        dense, u = cat([x[1] for x in blocks]), cat([x[2] for x in blocks])
+        logit = np.full(dense.shape[0], self.bias, dtype=np.float64)
+        for j, v in enumerate(self._v):         # column by column: the same bits whatever the slice
+            logit += dense[:, j] * v
+        for t, ids in enumerate(sparse):
+            logit += initial_rows(self.seed, f"planted/{t}", ids, 1, scale=self.signal)[:, 0]
+        p = 1 / (1 + np.exp(-logit))
+        return Batch(dense, sparse, (u < p).astype(np.float32), p)
 
     def train_batch(self, step: int) -> Batch:
         return self._part(0, step, self.batch_size, self._slice)
