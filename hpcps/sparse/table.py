@@ -445,7 +445,9 @@ class EmbeddingTable:
         return PushHandle()
 
     def _push_parts(self, ids, grads):
-        """Validate one push and split it by owner: ``[(p, local rows, grads)]``. Local, no communication."""
+        """Validate one push, split it by owner and prepare each part, all before any lock is
+        taken: ``[(p, (local rows, grads, their unique rows, summed grads or None))]``. Local, no
+        communication."""
         self._check_worker("push")
         ids = as_ids(self.name, ids, self.num_rows)
         grads = as_grads(self.name, grads, ids.size, self.dim)
@@ -456,16 +458,29 @@ class EmbeddingTable:
             return []
         P = self.ctx.num_ps
         if P == 1:
-            return [(0, ids, grads)]
-        owner, local = np.divmod(ids, P)[::-1]
-        parts = []
-        for p in np.unique(owner).tolist():
-            sel = np.flatnonzero(owner == p)
-            parts.append((p, local[sel], grads[sel]))
-        return parts
+            split = [(0, ids, grads)]
+        else:
+            owner, local = np.divmod(ids, P)[::-1]
+            split = [(p, local[sel], grads[sel]) for p in np.unique(owner).tolist()
+                     for sel in (np.flatnonzero(owner == p),)]
+        return [(p, self._prepare(p, rows_p, g_p)) for p, rows_p, g_p in split]
 
-    def _push_locked(self, p: int, rows_p: np.ndarray, g_p: np.ndarray) -> None:
-        """Worker holding PS ``p``'s shard lock: add ``g_p`` (stateful: stage it) into local rows ``rows_p``."""
+    def _prepare(self, p: int, rows_p: np.ndarray, g_p: np.ndarray):
+        """The work of a push part that needs no lock: unique rows, and for RMA their summed,
+        scaled gradients (one accumulate per row)."""
+        if (self._stage_views if self.stateful else self._views)[p] is not None:
+            return rows_p, g_p, np.unique(rows_p), None
+        torch = _t()
+        alpha = 1.0 if self.stateful else -self.optimizer.lr_at(self.ctx.control.step)
+        uniq, inverse = np.unique(rows_p, return_inverse=True)
+        sums = torch.zeros((uniq.size, self.dim), dtype=torch.float32)
+        sums.index_add_(0, torch.from_numpy(inverse.reshape(-1)), torch.from_numpy(g_p), alpha=alpha)
+        return rows_p, g_p, uniq, sums.numpy()
+
+    def _push_locked(self, p: int, part) -> None:
+        """Worker holding PS ``p``'s shard lock: add a prepared part (:meth:`_prepare`) into its
+        local rows (stateful: stage it)."""
+        rows_p, g_p, uniq, buf = part
         torch = _t()
         st = self.stats
         rank = self.ctx.ps_world_ranks[p]
@@ -481,7 +496,7 @@ class EmbeddingTable:
             if self.stateful:
                 flags = self._flag_views[p]
                 self._flags.sync()
-                new = np.unique(rows_p[flags[rows_p] == 0])
+                new = uniq[flags[uniq] == 0]
                 flags[new] = 1
                 self._list_rows(p, rank, new)
                 self._flags.sync()
@@ -489,12 +504,8 @@ class EmbeddingTable:
                 self._dirty_views[p][rows_p] = 1
             window.sync()
             if self.track_versions and not self.stateful:
-                self._stamp_rows(p, rank, np.unique(rows_p), stamp)
+                self._stamp_rows(p, rank, uniq, stamp)
             return
-        uniq, inverse = np.unique(rows_p, return_inverse=True)
-        sums = torch.zeros((uniq.size, self.dim), dtype=torch.float32)
-        sums.index_add_(0, torch.from_numpy(inverse.reshape(-1)), torch.from_numpy(g_p), alpha=alpha)
-        buf = sums.numpy()
         dtype = self._hindexed(uniq)
         win = window.win
         try:
@@ -666,16 +677,16 @@ def push_many(pushes) -> None:
     started = time.perf_counter()
     by_ps = {}
     for table, ids, grads in pushes:
-        for p, rows_p, g_p in table._push_parts(ids, grads):
-            by_ps.setdefault(p, []).append((table, rows_p, g_p))
+        for p, part in table._push_parts(ids, grads):
+            by_ps.setdefault(p, []).append((table, part))
     locks = ctx.shard_locks
     for p in sorted(by_ps):
         rank = ctx.ps_world_ranks[p]
         locks.acquire(rank)
         try:
-            for table, rows_p, g_p in by_ps[p]:
-                table._push_locked(p, rows_p, g_p)
-            if any(table.stateful for table, _, _ in by_ps[p]):
+            for table, part in by_ps[p]:
+                table._push_locked(p, part)
+            if any(table.stateful for table, _ in by_ps[p]):
                 locks.add_pending(rank)
         finally:
             locks.release(rank)
