@@ -3,8 +3,8 @@
     scripts/run mpiexec -n 3 .venv/bin/python -m mpi4py examples/sparse_basics.py
 
 Three ranks: one parameter server, two workers. Each worker pulls a batch of
-rows, pretends to compute gradients, pushes them back, and then reads the
-rows its colleague updated.
+rows, pretends to compute gradients, pushes them back (to two tables in one
+``push_many``), and then reads the rows its colleague updated.
 """
 
 import numpy as np
@@ -14,6 +14,8 @@ import hpcps
 with hpcps.init(num_ps=1) as ctx:                       # collective over MPI.COMM_WORLD
     items = hpcps.EmbeddingTable(ctx, "items", num_rows=100_000, dim=16,
                                  optimizer=hpcps.optim.SGD(lr=0.1), seed=0)   # collective
+    users = hpcps.EmbeddingTable(ctx, "users", num_rows=1_000, dim=8,
+                                 optimizer=hpcps.optim.SGD(lr=0.1), seed=0)
     if ctx.is_ps:
         ctx.serve()                                     # until every worker has finalized
     else:
@@ -21,12 +23,19 @@ with hpcps.init(num_ps=1) as ctx:                       # collective over MPI.CO
         rows = items.pull(ids)                          # (4, 16) float32
         grads = np.ones_like(rows)                      # your model's gradients here
         items.push(ids, grads)                          # SGD: rows -= 0.1 * summed grads
+        me = [ctx.worker_rank]                          # several tables at once: one lock per PS
+        hpcps.push_many([(items, [500], np.ones((1, 16), np.float32)),
+                         (users, me, np.ones((1, 8), np.float32))])
         ctx.worker_comm.Barrier()                       # both workers' pushes are done
         handle = items.pull_async([7, 8])               # overlap with other work ...
         after = handle.wait()
         start = hpcps.initial_rows(0, "items", [7, 8], 16)
         print(f"worker {ctx.worker_rank}: row 7 moved by {float(after[0, 0] - start[0, 0]):+.3f}, "
               f"row 8 by {float(after[1, 0] - start[1, 0]):+.3f}", flush=True)
+        moved = users.pull([0, 1]) - hpcps.initial_rows(0, "users", [0, 1], 8)
+        print(f"worker {ctx.worker_rank}: users 0 and 1 moved by {float(moved[0, 0]):+.3f}, "
+              f"{float(moved[1, 0]):+.3f}; items 500 by "
+              f"{float(items.pull([500])[0, 0] - hpcps.initial_rows(0, 'items', [500], 16)[0, 0]):+.3f}", flush=True)
         try:
             items.pull([100_000])                       # out of range: raises before any communication
         except ValueError as e:

@@ -498,7 +498,7 @@ class EmbeddingTable:
                 self._flags.sync()
                 new = uniq[flags[uniq] == 0]
                 flags[new] = 1
-                self._list_rows(p, rank, new)
+                self._list_rows(p, new)
                 self._flags.sync()
             elif self.track_dirty:
                 self._dirty_views[p][rows_p] = 1
@@ -506,69 +506,63 @@ class EmbeddingTable:
             if self.track_versions and not self.stateful:
                 self._stamp_rows(p, rank, uniq, stamp)
             return
+        # every operation is issued before the first wait, so their latencies overlap: the flags
+        # and list count are read first (the rows not staged yet go on the PS's list), then the
+        # gradient, the marks and the list entries are written and flushed together
+        marks = self._flags if self.stateful else (self._dirty if self.track_dirty else None)
         dtype = self._hindexed(uniq)
-        win = window.win
+        flag_type = MPI.BYTE.Create_indexed_block(1, uniq.tolist()).Commit() if marks is not None else None
         try:
-            win.Accumulate([buf, MPI.FLOAT], rank, (0, 1, dtype), op=MPI.SUM)
-            win.Flush(rank)           # remote completion (a request would only say "buffer free")
-            if self.stateful:                 # rows not staged yet go on the PS's list
-                seen = np.empty(uniq.size, np.uint8)
-                flag_type = MPI.BYTE.Create_indexed_block(1, uniq.tolist()).Commit()
-                try:
-                    self._flags.win.Get([seen, MPI.BYTE], rank, (0, 1, flag_type))
-                    self._flags.win.Flush(rank)
-                finally:
-                    flag_type.Free()
-                self._list_rows(p, rank, uniq[seen == 0])
-            marks = self._flags if self.stateful else (self._dirty if self.track_dirty else None)
+            window.win.Accumulate([buf, MPI.FLOAT], rank, (0, 1, dtype), op=MPI.SUM)
+            if self.stateful:
+                seen, count = np.empty(uniq.size, np.uint8), np.empty(1, np.int64)
+                self._flags.win.Get([seen, MPI.BYTE], rank, (0, 1, flag_type))
+                self._list.win.Get([count, MPI.INT64_T], rank, (0, 1, MPI.INT64_T))
+                self._flags.win.Flush(rank)
+                self._list.win.Flush(rank)
+                new = np.ascontiguousarray(uniq[seen == 0], dtype=np.int64)
+                n = int(count[0])
+                if new.size:
+                    if n >= 0 and n + new.size <= self._list_caps[p]:
+                        self._list.win.Put([new, MPI.INT64_T], rank, ((1 + n) * 8, new.size, MPI.INT64_T))
+                        count[0] = n + new.size
+                    else:
+                        count[0] = -1           # overflowed: the PS scans the flags this time
+                    self._list.win.Put([count, MPI.INT64_T], rank, (0, 1, MPI.INT64_T))
             if marks is not None:
                 ones = np.ones(uniq.size, np.uint8)
-                flag_type = MPI.BYTE.Create_indexed_block(1, uniq.tolist()).Commit()
-                try:
-                    marks.win.Put([ones, MPI.BYTE], rank, (0, 1, flag_type))
-                    marks.win.Flush(rank)
-                finally:
-                    flag_type.Free()
+                marks.win.Put([ones, MPI.BYTE], rank, (0, 1, flag_type))
+            window.win.Flush(rank)      # remote completion (a request would only say "buffer free")
+            if marks is not None:
+                marks.win.Flush(rank)
+            if self.stateful:
+                self._list.win.Flush(rank)
             if not self.stateful and self.track_versions:
                 self._stamp_rows(p, rank, uniq, stamp)
         finally:
             dtype.Free()
+            if flag_type is not None:
+                flag_type.Free()
 
     def push(self, ids, grads) -> None:
         """``push_async(ids, grads).wait()``. Worker ranks; local (one-sided)."""
         self.push_async(ids, grads).wait()
 
     # ------------------------------------------------------------ PS side
-    def _list_rows(self, p: int, rank: int, new: np.ndarray) -> None:
-        """Worker holding PS ``p``'s shard lock: add ``new`` (unique rows whose flag was clear) to
-        its staged-row list, or mark the list overflowed. Local (one-sided)."""
+    def _list_rows(self, p: int, new: np.ndarray) -> None:
+        """Worker holding PS ``p``'s shard lock, PS on this node: add ``new`` (unique rows whose flag
+        was clear) to its staged-row list, or mark the list overflowed. Local."""
         if new.size == 0:
             return
-        cap = self._list_caps[p]
         view = self._list_views[p]
-        if view is not None:
-            self._list.sync()
-            n = int(view[0])
-            if n >= 0 and n + new.size <= cap:
-                view[1 + n:1 + n + new.size] = new
-                view[0] = n + new.size
-            else:
-                view[0] = -1
-            self._list.sync()
-            return
-        win = self._list.win
-        count = np.empty(1, np.int64)
-        win.Get([count, MPI.INT64_T], rank, (0, 1, MPI.INT64_T))
-        win.Flush(rank)
-        n = int(count[0])
-        if n >= 0 and n + new.size <= cap:
-            rows = np.ascontiguousarray(new, dtype=np.int64)
-            win.Put([rows, MPI.INT64_T], rank, ((1 + n) * 8, rows.size, MPI.INT64_T))
-            count[0] = n + new.size
+        self._list.sync()
+        n = int(view[0])
+        if n >= 0 and n + new.size <= self._list_caps[p]:
+            view[1 + n:1 + n + new.size] = new
+            view[0] = n + new.size
         else:
-            count[0] = -1
-        win.Put([count, MPI.INT64_T], rank, (0, 1, MPI.INT64_T))
-        win.Flush(rank)
+            view[0] = -1
+        self._list.sync()
 
     def _take_staged(self):
         """PS holding its own shard lock: the staged rows and their summed gradients, which are
