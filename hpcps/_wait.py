@@ -19,7 +19,7 @@ where the ranks on this node outnumber the CPUs they may run on, else ``yield``.
 import os
 import time
 
-__all__ = ["WAIT_POLICIES", "backoff", "policy", "set_policy", "wait_request"]
+__all__ = ["WAIT_POLICIES", "backoff", "set_policy", "wait_request"]
 
 WAIT_POLICIES = ("auto", "yield", "sleep")
 _SPINS = 2                  # misses answered with a yield before the first sleep
@@ -34,11 +34,6 @@ def set_policy(name: str) -> None:
     if name not in ("yield", "sleep"):
         raise ValueError(f"wait policy must be 'yield' or 'sleep', got {name!r}")
     _sleep = name == "sleep"
-
-
-def policy() -> str:
-    """The policy in force in this process. Local."""
-    return "sleep" if _sleep else "yield"
 
 
 def backoff(misses: int) -> None:

@@ -49,7 +49,8 @@ class SyntheticCTR(DataSource):
 
     def _part(self, stream: int, b: int, n: int, sl: slice) -> Batch:
         """Samples ``sl`` of the ``n`` of batch ``b``: only the blocks they overlap are drawn."""
-        first, last = sl.start // BLOCK, max(-(-sl.stop // BLOCK), sl.start // BLOCK + 1)
+        first = sl.start // BLOCK
+        last = max(-(-sl.stop // BLOCK), first + 1)   # at least one block: an empty slice keeps its shapes
         blocks = [self._block(stream, b, k, max(min(BLOCK, n - k * BLOCK), 0)) for k in range(first, last)]
         lo, hi = sl.start - first * BLOCK, sl.stop - first * BLOCK
 

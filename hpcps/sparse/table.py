@@ -72,6 +72,11 @@ def _complete(requests) -> None:
         backoff(misses)
 
 
+def _listed(n: int, k: int, cap: int) -> int:
+    """A staged-row list of ``n`` rows (-1: overflowed) after ``k`` more: ``n + k``, or -1 past ``cap``."""
+    return n + k if n >= 0 and n + k <= cap else -1
+
+
 class PullHandle:
     """Result of :meth:`EmbeddingTable.pull_async`; ``wait()`` returns the rows."""
 
@@ -446,8 +451,8 @@ class EmbeddingTable:
 
     def _push_parts(self, ids, grads):
         """Validate one push, split it by owner and prepare each part, all before any lock is
-        taken: ``[(p, (local rows, grads, their unique rows, summed grads or None))]``. Local, no
-        communication."""
+        taken: ``[(p, (local rows, grads, their unique rows, summed grads or None, alpha))]``. Local,
+        no communication."""
         self._check_worker("push")
         ids = as_ids(self.name, ids, self.num_rows)
         grads = as_grads(self.name, grads, ids.size, self.dim)
@@ -466,25 +471,25 @@ class EmbeddingTable:
         return [(p, self._prepare(p, rows_p, g_p)) for p, rows_p, g_p in split]
 
     def _prepare(self, p: int, rows_p: np.ndarray, g_p: np.ndarray):
-        """The work of a push part that needs no lock: unique rows, and for RMA their summed,
-        scaled gradients (one accumulate per row)."""
-        if (self._stage_views if self.stateful else self._views)[p] is not None:
-            return rows_p, g_p, np.unique(rows_p), None
-        torch = _t()
+        """The work of a push part that needs no lock: unique rows, the factor on the gradient
+        (stateful: 1, the PS applies the optimizer; SGD: -lr), and for RMA the summed, scaled
+        gradients (one accumulate per row)."""
         alpha = 1.0 if self.stateful else -self.optimizer.lr_at(self.ctx.control.step)
+        if (self._stage_views if self.stateful else self._views)[p] is not None:
+            return rows_p, g_p, np.unique(rows_p), None, alpha
+        torch = _t()
         uniq, inverse = np.unique(rows_p, return_inverse=True)
         sums = torch.zeros((uniq.size, self.dim), dtype=torch.float32)
         sums.index_add_(0, torch.from_numpy(inverse.reshape(-1)), torch.from_numpy(g_p), alpha=alpha)
-        return rows_p, g_p, uniq, sums.numpy()
+        return rows_p, g_p, uniq, sums.numpy(), alpha
 
     def _push_locked(self, p: int, part) -> None:
         """Worker holding PS ``p``'s shard lock: add a prepared part (:meth:`_prepare`) into its
         local rows (stateful: stage it)."""
-        rows_p, g_p, uniq, buf = part
+        rows_p, g_p, uniq, buf, alpha = part
         torch = _t()
         st = self.stats
         rank = self.ctx.ps_world_ranks[p]
-        alpha = 1.0 if self.stateful else -self.optimizer.lr_at(self.ctx.control.step)
         stamp = self.ctx.control.step + 1
         st.rows_per_ps[p] += rows_p.size
         st.bytes_per_ps[p] += g_p.nbytes
@@ -523,11 +528,9 @@ class EmbeddingTable:
                 new = np.ascontiguousarray(uniq[seen == 0], dtype=np.int64)
                 n = int(count[0])
                 if new.size:
-                    if n >= 0 and n + new.size <= self._list_caps[p]:
+                    count[0] = _listed(n, new.size, self._list_caps[p])
+                    if count[0] > 0:
                         self._list.win.Put([new, MPI.INT64_T], rank, ((1 + n) * 8, new.size, MPI.INT64_T))
-                        count[0] = n + new.size
-                    else:
-                        count[0] = -1           # overflowed: the PS scans the flags this time
                     self._list.win.Put([count, MPI.INT64_T], rank, (0, 1, MPI.INT64_T))
             if marks is not None:
                 ones = np.ones(uniq.size, np.uint8)
@@ -557,11 +560,9 @@ class EmbeddingTable:
         view = self._list_views[p]
         self._list.sync()
         n = int(view[0])
-        if n >= 0 and n + new.size <= self._list_caps[p]:
+        view[0] = _listed(n, new.size, self._list_caps[p])
+        if view[0] > 0:
             view[1 + n:1 + n + new.size] = new
-            view[0] = n + new.size
-        else:
-            view[0] = -1
         self._list.sync()
 
     def _take_staged(self):
