@@ -1,6 +1,8 @@
 """Synthetic CTR data with a planted ground-truth model (the embedded default).
 
-Sample ids are Zipf-distributed per table. A click is drawn from
+Sample ids are Zipf-distributed per table, wrapped modulo the table's rows
+(``(zipf(a) - 1) % rows``), drawn by inverse transform from that distribution's
+table (tables up to ``CDF_ROWS`` rows; larger ones call ``Generator.zipf``). A click is drawn from
 ``sigmoid(bias + sum_t a_t[id_t] + dense . v)`` where ``a_t`` (one scalar per
 row) and ``v`` are fixed by the seed, so the best achievable AUC on the eval
 set is known: the AUC of the planted probabilities themselves.
@@ -17,9 +19,29 @@ import numpy as np
 from ..sparse.initializers import initial_rows
 from .base import Batch, DataSource, worker_slice
 
-__all__ = ["SyntheticCTR", "BLOCK"]
+__all__ = ["SyntheticCTR", "BLOCK", "CDF_ROWS", "wrapped_zipf_cdf"]
 
 BLOCK = 256
+CDF_ROWS = 1 << 22          # tables up to this many rows sample ids from a table of the CDF
+PLANTED_ENTRIES = 1 << 24   # planted row weights kept in memory up to this many (tables x rows)
+
+
+def wrapped_zipf_cdf(a: float, rows: int) -> np.ndarray:
+    """CDF (float64, last entry 1) of ``(X - 1) % rows`` for ``X ~ Zipf(a)``. Local.
+
+    P(k) is proportional to the sum over j >= 0 of ``(k + 1 + j * rows) ** -a``: the
+    first J terms exactly, the rest by the integral from J - 1/2 (midpoint rule).
+    """
+    k1 = np.arange(1, rows + 1, dtype=np.float64)
+    J = max(8, -(-(1 << 20) // rows))
+    pmf = np.zeros(rows, np.float64)
+    for j in range(J):
+        pmf += (k1 + j * rows) ** -a
+    pmf += (k1 + (J - 0.5) * rows) ** (1 - a) / (rows * (a - 1))
+    cdf = np.cumsum(pmf)
+    cdf /= cdf[-1]
+    cdf[-1] = 1.0
+    return cdf
 
 
 class SyntheticCTR(DataSource):
@@ -38,12 +60,24 @@ class SyntheticCTR(DataSource):
         self.eval_samples, self.zipf, self.signal, self.bias = eval_samples, zipf, signal, bias
         self._slice = worker_slice(batch_size, num_workers, worker)
         self._v = initial_rows(seed, "planted/dense", np.arange(max(num_dense, 1)), 1, scale=signal)[:num_dense, 0]
+        self._cdf = wrapped_zipf_cdf(zipf, rows_per_table) if rows_per_table <= CDF_ROWS else None
+        self._planted = None        # the planted row weights, computed once when small enough
+        if num_tables * rows_per_table <= PLANTED_ENTRIES:
+            self._planted = np.stack([self._weights(t, np.arange(rows_per_table)) for t in range(num_tables)])
         self.stats = {}
+
+    def _weights(self, t: int, ids: np.ndarray) -> np.ndarray:
+        """Planted weights of rows ``ids`` of table ``t`` (float32, a pure function of the seed)."""
+        return initial_rows(self.seed, f"planted/{t}", ids, 1, scale=self.signal)[:, 0]
 
     def _block(self, stream: int, b: int, k: int, n: int):
         """The draws of samples ``[k * BLOCK, k * BLOCK + n)`` of batch ``b`` of ``stream``."""
         rng = np.random.default_rng([self.seed, stream, b, k])
-        ids = [(rng.zipf(self.zipf, n) - 1) % rows for _, rows in self.tables]
+        if self._cdf is not None:
+            ids = np.searchsorted(self._cdf, rng.random((len(self.tables), n)), side="right")
+            ids = list(np.minimum(ids, self._cdf.size - 1))
+        else:
+            ids = [(rng.zipf(self.zipf, n) - 1) % rows for _, rows in self.tables]
         dense = rng.normal(size=(n, self.num_dense)).astype(np.float32)
         return ids, dense, rng.random(n)
 
@@ -62,7 +96,7 @@ class SyntheticCTR(DataSource):
         for j, v in enumerate(self._v):         # column by column: the same bits whatever the slice
             logit += dense[:, j] * v
         for t, ids in enumerate(sparse):
-            logit += initial_rows(self.seed, f"planted/{t}", ids, 1, scale=self.signal)[:, 0]
+            logit += self._planted[t][ids] if self._planted is not None else self._weights(t, ids)
         p = 1 / (1 + np.exp(-logit))
         return Batch(dense, sparse, (u < p).astype(np.float32), p)
 
