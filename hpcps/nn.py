@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from .sparse.pipeline import CommThread, PushBatch
 
-__all__ = ["ShardedEmbeddingBag"]
+__all__ = ["ShardedEmbeddingBag", "ShardedEmbeddingCollection"]
 
 
 class _Prefetch:
@@ -131,17 +131,19 @@ class ShardedEmbeddingBag(torch.nn.Module):
     def _push(self, uniq, grad):
         t0 = time.perf_counter()
         g = grad if self.grad_scale == 1.0 else grad * self.grad_scale
-        g = g.detach().to("cpu", torch.float32).contiguous().numpy()
+        self._send(uniq, g.detach().to("cpu", torch.float32).contiguous().numpy(), t0)
+
+    def _send(self, uniq: np.ndarray, g: np.ndarray, t0: float) -> None:
+        """Push ``g`` (already scaled, float32 host memory) to rows ``uniq``: into the step's
+        batch, or on the comm thread; the time since ``t0`` counts as push wait."""
         if self.batch is not None:
             self.batch.add(self.table, uniq, g)
-            self.push_wait_s += time.perf_counter() - t0
-            return
-        self.comm.post(self.table.push, uniq, g)
+        else:
+            self.comm.post(self.table.push, uniq, g)
         self.push_wait_s += time.perf_counter() - t0
 
-    def forward(self, input, offsets=None, per_sample_weights=None):
-        """``input``: 2-D ``(bags, bag_size)`` or 1-D with ``offsets``, as ``nn.EmbeddingBag``."""
-        ids = torch.as_tensor(input)
+    def _lookup(self, ids: torch.Tensor) -> tuple[_Prefetch, np.ndarray]:
+        """The prefetch serving ``ids`` (the one started for them, or a new pull) and its rows."""
         flat = ids.reshape(-1).cpu().numpy()
         p = self._next
         if p is not None and np.array_equal(p.flat, flat):
@@ -150,8 +152,14 @@ class ShardedEmbeddingBag(torch.nn.Module):
             if p is not None and torch.is_grad_enabled():     # a training step it was not for
                 self.discard_prefetch()
             p = self._start(flat, self.step, self.step)
+        return p, self._finish(p)
+
+    def forward(self, input, offsets=None, per_sample_weights=None):
+        """``input``: 2-D ``(bags, bag_size)`` or 1-D with ``offsets``, as ``nn.EmbeddingBag``."""
+        ids = torch.as_tensor(input)
+        p, pulled = self._lookup(ids)
         uniq = p.uniq
-        rows = torch.from_numpy(self._finish(p))
+        rows = torch.from_numpy(pulled)
         if self.device.type != "cpu":
             rows = rows.to(self.device, non_blocking=True)
         weight = rows.requires_grad_(torch.is_grad_enabled())
@@ -168,3 +176,66 @@ class ShardedEmbeddingBag(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"table={self.table.name!r}, {self.num_embeddings}x{self.embedding_dim}, mode={self.mode!r}"
+
+
+class ShardedEmbeddingCollection(torch.nn.Module):
+    """Several :class:`ShardedEmbeddingBag` of one dim looked up together, one id per sample and
+    table (DLRM's categorical features). Worker ranks; local.
+
+    ``forward([ids of table 0, ids of table 1, ...])`` (each ``(B,)`` or ``(B, 1)``) returns
+    ``(B, tables, dim)``: what stacking the bags' outputs gives, with the same gradients. Each bag
+    still pulls its own rows (with its prefetch and cache); the rows of all tables then form one
+    leaf tensor, read by one ``F.embedding``, whose gradient one hook splits and pushes per table.
+    So a step costs one autograd node and one hook instead of one per table.
+    """
+
+    def __init__(self, bags):
+        super().__init__()
+        self.bags = torch.nn.ModuleList(bags)
+        if not self.bags:
+            raise ValueError("ShardedEmbeddingCollection: needs at least one ShardedEmbeddingBag")
+        dims = {b.embedding_dim for b in self.bags}
+        if len(dims) != 1:
+            raise ValueError(f"ShardedEmbeddingCollection: every table must have one dim, got {sorted(dims)}")
+        self.embedding_dim = dims.pop()
+        self.device = self.bags[0].device
+
+    def __len__(self) -> int:
+        return len(self.bags)
+
+    def forward(self, inputs) -> torch.Tensor:
+        if len(inputs) != len(self.bags):
+            raise ValueError(f"ShardedEmbeddingCollection: {len(self.bags)} tables, got ids for {len(inputs)}")
+        ids = [torch.as_tensor(x).reshape(-1) for x in inputs]
+        n = ids[0].numel()
+        if any(x.numel() != n for x in ids):
+            raise ValueError(f"ShardedEmbeddingCollection: every table needs one id per sample, got "
+                             f"{[x.numel() for x in ids]} ids")
+        found = [b._lookup(x) for b, x in zip(self.bags, ids)]
+        sizes = [p.uniq.size for p, _ in found]
+        starts = np.cumsum([0] + sizes[:-1])
+        rows = torch.from_numpy(np.concatenate([r for _, r in found]) if len(found) > 1 else found[0][1])
+        index = np.empty((n, len(found)), np.int64)           # (samples, tables) rows of the leaf
+        for j, ((p, _), s) in enumerate(zip(found, starts)):
+            np.add(p.inverse, s, out=index[:, j])
+        if self.device.type != "cpu":
+            rows = rows.to(self.device, non_blocking=True)
+        weight = rows.requires_grad_(torch.is_grad_enabled())
+        if weight.requires_grad:
+            uniqs = [p.uniq for p, _ in found]
+            weight.register_hook(lambda grad: self._push(uniqs, starts, sizes, grad))
+        return F.embedding(torch.from_numpy(index).to(self.device), weight)
+
+    def _push(self, uniqs, starts, sizes, grad) -> None:
+        scales = {b.grad_scale for b in self.bags}
+        if len(scales) > 1:
+            for b, uniq, s, k in zip(self.bags, uniqs, starts, sizes):
+                b._push(uniq, grad[s:s + k])
+            return
+        t0 = time.perf_counter()
+        scale = scales.pop()
+        g = grad if scale == 1.0 else grad * scale
+        g = g.detach().to("cpu", torch.float32).contiguous().numpy()
+        for b, uniq, s, k in zip(self.bags, uniqs, starts, sizes):
+            b._send(uniq, g[s:s + k], t0)
+            t0 = time.perf_counter()

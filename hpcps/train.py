@@ -29,7 +29,7 @@ from .data import make_data
 from .dense import DenseSync
 from .metrics import MetricsLog, auc, logloss, mae, rmse
 from .models import DLRM, MatrixFactorization
-from .nn import ShardedEmbeddingBag
+from .nn import ShardedEmbeddingBag, ShardedEmbeddingCollection
 from .sparse import EmbeddingTable
 from .sparse.optimizers import LRSchedule
 from .sparse.pipeline import CommThread, PushBatch, RowCache
@@ -65,17 +65,24 @@ def dense_schedule(sec, steps: int) -> LRSchedule:
 
 
 def dense_optimizer(sec, params) -> torch.optim.Optimizer:
-    """The torch optimizer of ``[optimizer.dense]``. Local."""
+    """The torch optimizer of ``[optimizer.dense]``: torch's fused kernel (one call for every
+    parameter) where torch has one for the parameters' device, else the plain one. Local."""
     name = sec.name.lower()
     if name in ("sgd", "momentum"):
         m = sec.momentum or (0.9 if name == "momentum" else 0.0)
-        return torch.optim.SGD(params, lr=sec.lr, momentum=m, weight_decay=sec.weight_decay)
-    if name == "adagrad":
-        return torch.optim.Adagrad(params, lr=sec.lr, weight_decay=sec.weight_decay, eps=sec.eps or 1e-10)
-    if name == "adam":
-        return torch.optim.Adam(params, lr=sec.lr, betas=(sec.beta1, sec.beta2), eps=sec.eps or 1e-8,
-                                weight_decay=sec.weight_decay)
-    raise ValueError(f"config: optimizer.dense.name = {sec.name!r}: must be sgd, momentum, adagrad or adam")
+        cls, kw = torch.optim.SGD, dict(lr=sec.lr, momentum=m, weight_decay=sec.weight_decay)
+    elif name == "adagrad":
+        cls, kw = torch.optim.Adagrad, dict(lr=sec.lr, weight_decay=sec.weight_decay, eps=sec.eps or 1e-10)
+    elif name == "adam":
+        cls, kw = torch.optim.Adam, dict(lr=sec.lr, betas=(sec.beta1, sec.beta2), eps=sec.eps or 1e-8,
+                                         weight_decay=sec.weight_decay)
+    else:
+        raise ValueError(f"config: optimizer.dense.name = {sec.name!r}: must be sgd, momentum, adagrad or adam")
+    params = list(params)
+    try:
+        return cls(params, fused=True, **kw)
+    except (RuntimeError, ValueError):         # no fused kernel for this device or dtype
+        return cls(params, **kw)
 
 
 def build_model(cfg: Config, embeddings, data) -> torch.nn.Module:
@@ -284,7 +291,8 @@ def _work(cfg, ctx, data, tables, steps, start=0, resume_from=None, ckpt=None, s
     pushes = PushBatch(comm_thread)     # a step's pushes of every table go out together, after backward
     embs = [ShardedEmbeddingBag(t, mode="sum", grad_scale=1.0 / W, device=device, comm=comm_thread, cache=cache,
                                 batch=pushes) for t, cache in zip(tables, caches)]
-    model = build_model(cfg, embs, data).to(device)
+    # DLRM looks every table up at once (one autograd node and one hook for all of them)
+    model = build_model(cfg, ShardedEmbeddingCollection(embs) if cfg.model.kind == "dlrm" else embs, data).to(device)
     dense = DenseSync(model, comm, backend=cfg.model.dense_backend, bucket_mb=cfg.model.bucket_mb)
     opt = dense_optimizer(cfg.optimizer.dense, model.parameters())
     sched = dense_schedule(cfg.optimizer.dense, steps)

@@ -22,12 +22,15 @@ class DLRM(nn.Module):
 
     ``embeddings`` are modules mapping ``(B, 1)`` ids to ``(B, dim)``: hpcps
     ``ShardedEmbeddingBag`` in training, ``torch.nn.EmbeddingBag`` in the
-    single-process reference.
+    single-process reference. Or one module mapping the list of every table's
+    ``(B,)`` ids to ``(B, tables, dim)`` (``hpcps.nn.ShardedEmbeddingCollection``,
+    what ``hpcps train`` uses): the same model, fewer autograd nodes.
     """
 
     def __init__(self, embeddings, num_dense: int, dim: int, bottom_mlp=(64,), top_mlp=(64, 32)):
         super().__init__()
-        self.embeddings = nn.ModuleList(embeddings)
+        self.collection = isinstance(embeddings, nn.Module) and not isinstance(embeddings, nn.ModuleList)
+        self.embeddings = embeddings if self.collection else nn.ModuleList(embeddings)
         self.bottom = mlp([num_dense, *bottom_mlp, dim], last_activation=True) if num_dense else None
         n = len(self.embeddings) + (1 if num_dense else 0)
         self.register_buffer("_pairs", torch.tril_indices(n, n, offset=-1), persistent=False)
@@ -35,12 +38,15 @@ class DLRM(nn.Module):
         self.top = mlp([top_in, *top_mlp, 1], last_activation=False)
 
     def forward(self, dense, sparse):
-        feats = [emb(ids.view(-1, 1)) for emb, ids in zip(self.embeddings, sparse)]
-        if self.bottom is not None:
-            x = self.bottom(dense)
-            feats = [x] + feats
-        T = torch.stack(feats, dim=1)                        # (B, n, dim)
+        x = self.bottom(dense) if self.bottom is not None else None
+        if self.collection:
+            T = self.embeddings(sparse)                      # (B, tables, dim)
+            if x is not None:
+                T = torch.cat([x.unsqueeze(1), T], dim=1)
+        else:
+            feats = [emb(ids.view(-1, 1)) for emb, ids in zip(self.embeddings, sparse)]
+            T = torch.stack(([x] if x is not None else []) + feats, dim=1)   # (B, n, dim)
         Z = torch.bmm(T, T.transpose(1, 2))                  # (B, n, n)
         inter = Z[:, self._pairs[0], self._pairs[1]]         # strictly lower triangle
-        top_in = torch.cat([x, inter], dim=1) if self.bottom is not None else inter
+        top_in = torch.cat([x, inter], dim=1) if x is not None else inter
         return self.top(top_in).squeeze(1)

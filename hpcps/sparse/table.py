@@ -475,8 +475,12 @@ class EmbeddingTable:
         (stateful: 1, the PS applies the optimizer; SGD: -lr), and for RMA the summed, scaled
         gradients (one accumulate per row)."""
         alpha = 1.0 if self.stateful else -self.optimizer.lr_at(self.ctx.control.step)
+        # ids already unique and sorted (what ShardedEmbeddingBag pushes) skip the sort
+        distinct = bool(np.all(rows_p[1:] > rows_p[:-1]))
         if (self._stage_views if self.stateful else self._views)[p] is not None:
-            return rows_p, g_p, np.unique(rows_p), None, alpha
+            return rows_p, g_p, rows_p if distinct else np.unique(rows_p), None, alpha
+        if distinct:
+            return rows_p, g_p, rows_p, g_p if alpha == 1.0 else g_p * np.float32(alpha), alpha
         torch = _t()
         uniq, inverse = np.unique(rows_p, return_inverse=True)
         sums = torch.zeros((uniq.size, self.dim), dtype=torch.float32)

@@ -3,11 +3,12 @@
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from mpi4py import MPI
 
 import hpcps
 from hpcps.dense import DenseSync
-from hpcps.nn import ShardedEmbeddingBag
+from hpcps.nn import ShardedEmbeddingBag, ShardedEmbeddingCollection
 
 
 def _net(seed):
@@ -101,3 +102,38 @@ def test_sharded_embedding_bag_matches_torch(mode):
         W = ctx.num_workers
         want = ref.weight.detach() - W * ref.weight.grad     # every worker pushed the same gradient
         torch.testing.assert_close(torch.from_numpy(t.pull(np.arange(N))), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_sharded_embedding_collection_equals_stacked_bags():
+    """The collection (one leaf, one hook for every table) gives the stacked bags' output and
+    pushes the same gradients to each table."""
+    N, D, T = 30, 4, 3
+    with hpcps.init(num_ps=1, mode="sync") as ctx:
+        tabs = [hpcps.EmbeddingTable(ctx, f"c{i}", N, D, optimizer=hpcps.optim.SGD(lr=1.0), seed=2) for i in range(T)]
+        odd = hpcps.EmbeddingTable(ctx, "odd", N, D + 1, optimizer=hpcps.optim.SGD(lr=1.0), seed=2)
+        if ctx.is_ps:
+            ctx.serve()
+            return
+        with pytest.raises(ValueError, match="one dim"):
+            ShardedEmbeddingCollection([ShardedEmbeddingBag(tabs[0]), ShardedEmbeddingBag(odd)])
+        coll = ShardedEmbeddingCollection([ShardedEmbeddingBag(t, grad_scale=0.5) for t in tabs])
+        ids = [torch.tensor([1, 1, 29, 4]), torch.tensor([0, 5, 5, 5]), torch.tensor([[7], [8], [9], [7]])]
+        with pytest.raises(ValueError, match="one id per sample"):
+            coll([ids[0], ids[1], torch.tensor([1, 2])])
+        refs = [torch.from_numpy(hpcps.initial_rows(2, f"c{i}", np.arange(N), D)).requires_grad_() for i in range(T)]
+        out = coll(ids)
+        expected = torch.stack([F.embedding(x.reshape(-1), r) for x, r in zip(ids, refs)], dim=1)
+        torch.testing.assert_close(out, expected)
+        ctx.worker_comm.Barrier()                              # every worker read before anyone pushes
+        w = torch.arange(1.0, 1.0 + out.numel()).view_as(out)
+        ctx.step_begin(0)
+        (out * w).sum().backward()                             # pushes -0.5 * grad into each table
+        ctx.step_end(0)
+        (expected * w).sum().backward()
+        ctx.fence(1)
+        ctx.worker_comm.Barrier()
+        W = ctx.num_workers
+        for t, r in zip(tabs, refs):
+            torch.testing.assert_close(torch.from_numpy(t.pull(np.arange(N))), r.detach() - 0.5 * W * r.grad,
+                                       rtol=1e-5, atol=1e-5)
