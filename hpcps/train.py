@@ -6,7 +6,9 @@ then serve, workers run the loop:
     step_begin(t) -> read own slice of global batch t -> forward (pulls rows)
     -> backward (autograd hooks collect the sparse gradients; dense buckets are
     all-reduced as they fill) -> push every table's gradients together
-    (push_many) -> step_end(t) -> finish the dense all-reduce -> dense optimizer step
+    (push_many) -> step_end(t) -> read own slice of batch t+1 (while the other
+    workers finish and the PS applies step t) -> finish the dense all-reduce ->
+    dense optimizer step
 
 Each worker's loss is its share of the global-batch mean (``sum / B * W``;
 the dense all-reduce averages over W workers and sparse gradients are pushed
@@ -330,7 +332,7 @@ def _work(cfg, ctx, data, tables, steps, start=0, resume_from=None, ckpt=None, s
         for e in embs:
             e.step = step
         loss, total = step_loss(model, batch, data.task, B, W, device)
-        t_data = 0.0
+        t_data = t_early = 0.0
         if pipe["prefetch"] and step + 1 < steps:
             # step t+1's rows are read now, while step t's pushes may still land: a row stamped
             # above t - S afterwards is pulled again at t+1 (sync: S = 0), so nothing is missed
@@ -349,6 +351,11 @@ def _work(cfg, ctx, data, tables, steps, start=0, resume_from=None, ckpt=None, s
         # thread), so the PS applies it while this worker all-reduces and steps the dense layers
         comm_thread.post(ctx.step_end, step)
         t3p = time.perf_counter()
+        if next_batch is None and step + 1 < steps:
+            # draw the next batch now: it fills time this worker would spend waiting for the other
+            # workers' gradients and for the PS's apply of this step (the data depend on neither)
+            next_batch = data.train_batch(step + 1)
+            t_early = time.perf_counter() - t3p
         dense.synchronize()
         t4 = time.perf_counter()
         if cfg.optimizer.dense.clip_norm:
@@ -364,11 +371,11 @@ def _work(cfg, ctx, data, tables, steps, start=0, resume_from=None, ckpt=None, s
         pull_s, push_s = (b - a for a, b in zip(waits0, _waits(embs)))
         in_fb = sum(b - a for a, b in zip(waits0, waits3))
         timing["idle"] += t1 - t0
-        timing["data"] += t2 - t1 + t_data
+        timing["data"] += t2 - t1 + t_data + t_early
         timing["pull"] += pull_s
         timing["push"] += push_s + (t3p - t3)
         timing["forward_backward"] += max(t3 - t2 - t_data - in_fb, 0.0)
-        timing["dense_allreduce"] += t4 - t3p
+        timing["dense_allreduce"] += t4 - t3p - t_early
         stale_counts[stale] = stale_counts.get(stale, 0) + 1
         loss_acc += total
         n_acc += len(batch)
