@@ -122,9 +122,14 @@ def test_sharded_embedding_collection_equals_stacked_bags():
         with pytest.raises(ValueError, match="one id per sample"):
             coll([ids[0], ids[1], torch.tensor([1, 2])])
         refs = [torch.from_numpy(hpcps.initial_rows(2, f"c{i}", np.arange(N), D)).requires_grad_() for i in range(T)]
-        out = coll(ids)
+        out = coll(ids)                                        # one np.unique for all tables
         expected = torch.stack([F.embedding(x.reshape(-1), r) for x, r in zip(ids, refs)], dim=1)
         torch.testing.assert_close(out, expected)
+        with pytest.raises(ValueError, match="out of range"):  # a bad id: the per-table path names it
+            coll([ids[0], torch.tensor([0, 1, 2, N]), ids[2]])
+        with torch.no_grad():                                  # a prefetch waiting: the per-table path
+            coll.bags[1].prefetch(ids[1], 0)
+            torch.testing.assert_close(coll(ids), expected.detach())
         ctx.worker_comm.Barrier()                              # every worker read before anyone pushes
         w = torch.arange(1.0, 1.0 + out.numel()).view_as(out)
         ctx.step_begin(0)
