@@ -17,7 +17,8 @@ Prints samples/s, the ratios against the targets (hpcps >= 2x torch_rpc; hpcps p
 single_process, per core = samples/s divided by the cores the run could use:
 min(ranks, CPUs)) and of the pipeline (hpcps_pipeline_on / hpcps_no_prefetch), and writes JSON.
 --transport rma puts every run's pulls and pushes on RMA (the cross-node path). --repeat N runs N
-rounds of all five, interleaved, and each reports its median round (this VM's speed drifts).
+rounds of all five, interleaved, and each reports its median round (this VM's speed drifts); round
+r starts with contender r (mod 5), so no contender always runs in the same place.
 """
 
 import argparse
@@ -92,8 +93,8 @@ def main():
     ap.add_argument("--ranks", type=int, default=4)
     ap.add_argument("--transport", choices=("auto", "rma"), default="auto")
     ap.add_argument("--repeat", type=int, default=1,
-                    help="rounds of all contenders, interleaved; each reports its median round "
-                         "(the lower middle one for an even count)")
+                    help="rounds of all contenders, interleaved, each round starting one contender "
+                         "later; each reports its median round (the lower middle one for an even count)")
     ap.add_argument("--out", default="results/bench_e2e.json")
     a = ap.parse_args()
     if not 0 < a.warmup < a.steps:
@@ -115,9 +116,10 @@ def main():
         "single_process": lambda tmp: bench_single(a.config, a.steps, a.warmup)}
     runs = {k: [] for k in contenders}
     with tempfile.TemporaryDirectory() as tmp:
-        for _ in range(a.repeat):              # rounds interleave the contenders: drift hits all alike
-            for k, run in contenders.items():
-                runs[k].append(run(tmp))
+        order = list(contenders)
+        for r in range(a.repeat):              # rounds interleave the contenders: drift hits all alike,
+            for k in order[r % len(order):] + order[:r % len(order)]:   # each round starts one later
+                runs[k].append(contenders[k](tmp))
     res = {}
     for k, rs in runs.items():                 # the run with the median rate stands for the contender
         rs = sorted(rs, key=lambda r: r["samples_per_s"])
