@@ -125,3 +125,29 @@ def test_file_epoch_order_is_deterministic_per_seed(tmp_path):
     assert not np.array_equal(seq(a), seq(c))
     first_epoch = np.sort(np.concatenate([a.train_batch(s).sparse[0] for s in range(10)]))
     np.testing.assert_array_equal(first_epoch, np.arange(100))    # each sample once per epoch
+
+
+def test_wrapped_zipf_cdf_is_the_distribution_of_numpy_zipf_mod_rows():
+    from hpcps.data.synthetic import wrapped_zipf_cdf
+    for a, rows in ((1.2, 50), (2.0, 7)):
+        cdf = wrapped_zipf_cdf(a, rows)
+        assert cdf.shape == (rows,) and cdf[-1] == 1.0 and np.all(np.diff(cdf) > 0)
+        x = (np.random.default_rng(0).zipf(a, 2_000_000) - 1) % rows
+        empirical = np.bincount(x, minlength=rows) / x.size
+        np.testing.assert_allclose(np.diff(cdf, prepend=0.0), empirical, atol=1.5e-3)
+
+
+def test_synthetic_without_tables_of_cdf_or_weights_still_slices_alike(monkeypatch):
+    import hpcps.data.synthetic as syn
+    monkeypatch.setattr(syn, "CDF_ROWS", 10)              # tables "too large": numpy's Zipf sampler
+    monkeypatch.setattr(syn, "PLANTED_ENTRIES", 0)        # planted weights computed per batch
+    whole = _synth(1, 0, batch_size=300).train_batch(2)
+    assert whole.sparse[0].min() >= 0 and whole.sparse[0].max() < 1000
+    parts = [_synth(3, w, batch_size=300).train_batch(2) for w in range(3)]
+    for t in range(3):
+        np.testing.assert_array_equal(np.concatenate([p.sparse[t] for p in parts]), whole.sparse[t])
+    np.testing.assert_array_equal(np.concatenate([p.truth for p in parts]), whole.truth)
+    monkeypatch.undo()
+    fast = _synth(1, 0, batch_size=300).train_batch(2)     # the table path: same planted weights
+    ref = syn.initial_rows(1, "planted/0", fast.sparse[0], 1, scale=1.0)[:, 0]
+    np.testing.assert_array_equal(_synth(1, 0, batch_size=300)._planted[0][fast.sparse[0]], ref)
