@@ -25,6 +25,12 @@ from .sparse.pipeline import CommThread, PushBatch
 __all__ = ["ShardedEmbeddingBag", "ShardedEmbeddingCollection"]
 
 
+def _host(grad: torch.Tensor, scale: float) -> np.ndarray:
+    """``grad * scale`` as a float32 numpy array in host memory (what a push sends)."""
+    g = grad if scale == 1.0 else grad * scale
+    return g.detach().to("cpu", torch.float32).contiguous().numpy()
+
+
 class _Prefetch:
     __slots__ = ("flat", "uniq", "inverse", "hit", "cached", "future", "refresh_above", "read_step")
 
@@ -130,8 +136,7 @@ class ShardedEmbeddingBag(torch.nn.Module):
 
     def _push(self, uniq, grad):
         t0 = time.perf_counter()
-        g = grad if self.grad_scale == 1.0 else grad * self.grad_scale
-        self._send(uniq, g.detach().to("cpu", torch.float32).contiguous().numpy(), t0)
+        self._send(uniq, _host(grad, self.grad_scale), t0)
 
     def _send(self, uniq: np.ndarray, g: np.ndarray, t0: float) -> None:
         """Push ``g`` (already scaled, float32 host memory) to rows ``uniq``: into the step's
@@ -233,9 +238,7 @@ class ShardedEmbeddingCollection(torch.nn.Module):
                 b._push(uniq, grad[s:s + k])
             return
         t0 = time.perf_counter()
-        scale = scales.pop()
-        g = grad if scale == 1.0 else grad * scale
-        g = g.detach().to("cpu", torch.float32).contiguous().numpy()
+        g = _host(grad, scales.pop())
         for b, uniq, s, k in zip(self.bags, uniqs, starts, sizes):
             b._send(uniq, g[s:s + k], t0)
             t0 = time.perf_counter()

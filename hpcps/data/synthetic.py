@@ -14,6 +14,8 @@ b, block)``, and a worker draws only the blocks its slice overlaps (not the
 whole global batch).
 """
 
+from functools import cached_property
+
 import numpy as np
 
 from ..sparse.initializers import initial_rows
@@ -60,11 +62,22 @@ class SyntheticCTR(DataSource):
         self.eval_samples, self.zipf, self.signal, self.bias = eval_samples, zipf, signal, bias
         self._slice = worker_slice(batch_size, num_workers, worker)
         self._v = initial_rows(seed, "planted/dense", np.arange(max(num_dense, 1)), 1, scale=signal)[:num_dense, 0]
-        self._cdf = wrapped_zipf_cdf(zipf, rows_per_table) if rows_per_table <= CDF_ROWS else None
-        self._planted = None        # the planted row weights, computed once when small enough
-        if num_tables * rows_per_table <= PLANTED_ENTRIES:
-            self._planted = np.stack([self._weights(t, np.arange(rows_per_table)) for t in range(num_tables)])
         self.stats = {}
+
+    # computed on first use: ranks that only need the table sizes (PS ranks) never build them
+    @cached_property
+    def _cdf(self) -> np.ndarray | None:
+        """The ids' CDF (tables up to ``CDF_ROWS`` rows), else None: ``Generator.zipf``."""
+        rows = self.tables[0][1]
+        return wrapped_zipf_cdf(self.zipf, rows) if rows <= CDF_ROWS else None
+
+    @cached_property
+    def _planted(self) -> np.ndarray | None:
+        """Every table's planted row weights (up to ``PLANTED_ENTRIES`` in all), else None."""
+        rows = self.tables[0][1]
+        if len(self.tables) * rows > PLANTED_ENTRIES:
+            return None
+        return np.stack([self._weights(t, np.arange(rows)) for t in range(len(self.tables))])
 
     def _weights(self, t: int, ids: np.ndarray) -> np.ndarray:
         """Planted weights of rows ``ids`` of table ``t`` (float32, a pure function of the seed)."""
