@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 
-__all__ = ["DLRM", "mlp"]
+__all__ = ["DLRM", "mlp", "pairwise_dots"]
 
 
 def mlp(sizes, last_activation: bool) -> nn.Sequential:
@@ -15,6 +15,30 @@ def mlp(sizes, last_activation: bool) -> nn.Sequential:
         if i < len(sizes) - 2 or last_activation:
             layers.append(nn.ReLU())
     return nn.Sequential(*layers)
+
+
+class _PairwiseDots(torch.autograd.Function):
+    """``bmm(T, T^T)`` read at the flat positions ``pairs``: autograd's own graph for that costs two
+    ``bmm`` and a scatter in backward; the gradient ``(G + G^T) T`` needs one ``bmm``."""
+
+    @staticmethod
+    def forward(ctx, T, pairs):
+        B, n, _ = T.shape
+        ctx.save_for_backward(T, pairs)
+        return torch.bmm(T, T.transpose(1, 2)).view(B, n * n).index_select(1, pairs)
+
+    @staticmethod
+    def backward(ctx, grad):
+        T, pairs = ctx.saved_tensors
+        B, n, _ = T.shape
+        G = grad.new_zeros((B, n * n)).index_copy_(1, pairs, grad).view(B, n, n)
+        return torch.bmm(G + G.transpose(1, 2), T), None
+
+
+def pairwise_dots(T: torch.Tensor, pairs: torch.Tensor) -> torch.Tensor:
+    """``(B, n, d) -> (B, len(pairs))``: the dot products of the feature pairs ``(i, j)``, given as
+    flat indices ``i * n + j`` with ``i != j`` (each unordered pair at most once). Local."""
+    return _PairwiseDots.apply(T, pairs)
 
 
 class DLRM(nn.Module):
@@ -33,7 +57,8 @@ class DLRM(nn.Module):
         self.embeddings = embeddings if self.collection else nn.ModuleList(embeddings)
         self.bottom = mlp([num_dense, *bottom_mlp, dim], last_activation=True) if num_dense else None
         n = len(self.embeddings) + (1 if num_dense else 0)
-        self.register_buffer("_pairs", torch.tril_indices(n, n, offset=-1), persistent=False)
+        i, j = torch.tril_indices(n, n, offset=-1)       # strictly lower triangle, as flat indices
+        self.register_buffer("_pairs", i * n + j, persistent=False)
         top_in = (dim if num_dense else 0) + n * (n - 1) // 2
         self.top = mlp([top_in, *top_mlp, 1], last_activation=False)
 
@@ -46,7 +71,6 @@ class DLRM(nn.Module):
         else:
             feats = [emb(ids.view(-1, 1)) for emb, ids in zip(self.embeddings, sparse)]
             T = torch.stack(([x] if x is not None else []) + feats, dim=1)   # (B, n, dim)
-        Z = torch.bmm(T, T.transpose(1, 2))                  # (B, n, n)
-        inter = Z[:, self._pairs[0], self._pairs[1]]         # strictly lower triangle
+        inter = pairwise_dots(T, self._pairs)                # (B, n (n - 1) / 2)
         top_in = torch.cat([x, inter], dim=1) if x is not None else inter
         return self.top(top_in).squeeze(1)
