@@ -14,7 +14,7 @@ import traceback
 from mpi4py import MPI
 
 from . import _wait
-from ._malloc import pin_mmap_threshold
+from . import _malloc
 from .errors import FreedError, RoleError
 from .layout import check_launch, check_num_ps, spread_ps
 from .sparse.control import StepControl, parse_mode
@@ -62,7 +62,6 @@ def init(num_ps: int | None = None, comm: MPI.Comm | None = None, *,
     before any communication when the world is smaller than the launch (tasks
     that each run as rank 0 of 1: see :func:`hpcps.layout.check_launch`).
     """
-    pin_mmap_threshold()                  # no heap growth over a long run (see hpcps/_malloc.py)
     world = MPI.COMM_WORLD if comm is None else comm
     if world is MPI.COMM_WORLD:
         check_launch(world.Get_size(), os.environ)
@@ -187,11 +186,17 @@ class Context:
         return self.control.begin(step)
 
     def step_end(self, step: int) -> None:
-        """Worker, after every push of ``step`` returned. Local (one-sided)."""
+        """Worker, after every push of ``step`` returned. Local (one-sided).
+
+        Every ``hpcps._malloc.TRIM_EVERY`` steps it then returns the heap's free pages to the
+        system (glibc ``malloc_trim``), so a long run's resident memory stays flat.
+        """
         self._check_open()
         if not self.is_worker:
             raise RoleError("step_end() is for worker ranks")
         self.control.end(step)
+        if (step + 1) % _malloc.TRIM_EVERY == 0:
+            _malloc.trim_heap()
 
     def fence(self, step: int) -> None:
         """Worker: wait until every push of steps ``< step`` by every worker is applied. Local.
