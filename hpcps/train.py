@@ -449,6 +449,7 @@ def _work(cfg, ctx, data, tables, steps, start=0, resume_from=None, ckpt=None, s
              "checkpoint_stall_s": max(ckpt.stall_seconds) if ckpt is not None and ckpt.stall_seconds else 0.0,
              "samples_per_s": ran * B / max(elapsed, 1e-9),
              "elapsed_s": elapsed, "num_ps": ctx.num_ps, "num_workers": W, "mode": ctx.mode,
+             "wait_policy": ctx.wait_policy, "node_cpus": ctx.node_cpus,
              "max_staleness": max(flat) if flat else 0, "data": data.stats,
              "pipeline": _pipeline_summary(pl, pipe, comm_thread, embs, pipe_totals)}
     return final, log

@@ -177,6 +177,17 @@ def test_malformed_data_fails_with_file_and_line(tmp_path):
     assert f"{bad}:3: expected 'user item rating" in r.stderr
 
 
+@pytest.mark.parametrize("n,wait", [(2, "auto"), (4, "auto"), (4, "yield")])
+def test_wait_policy_follows_the_cpus_unless_set(n, wait):
+    """``auto`` sleeps between polls only where the node's ranks outnumber its CPUs (hpcps/_wait.py)."""
+    import os
+    cpus = len(os.sched_getaffinity(0))
+    final = _final(_train(n, ["job.steps=3", "metrics.path="], env={"HPCPS_WAIT": wait}).stdout)
+    assert final["node_cpus"] == cpus
+    want = wait if wait != "auto" else ("sleep" if n > cpus else "yield")
+    assert final["wait_policy"] == want
+
+
 def test_metrics_and_export_paths_get_their_directories(tmp_path):
     metrics, export = tmp_path / "new" / "m.jsonl", tmp_path / "other" / "w.npz"
     _train(3, ["job.steps=5", f"metrics.path={metrics}", f"job.export={export}"])
