@@ -1,6 +1,7 @@
 """Training under a real mpiexec: sync equals single-process PyTorch, async converges, SSP bounds staleness."""
 
 import json
+import os
 import sys
 
 import numpy as np
@@ -180,7 +181,6 @@ def test_malformed_data_fails_with_file_and_line(tmp_path):
 @pytest.mark.parametrize("n,wait", [(2, "auto"), (4, "auto"), (4, "yield")])
 def test_wait_policy_follows_the_cpus_unless_set(n, wait):
     """``auto`` sleeps between polls only where the node's ranks outnumber its CPUs (hpcps/_wait.py)."""
-    import os
     cpus = len(os.sched_getaffinity(0))
     final = _final(_train(n, ["job.steps=3", "metrics.path="], env={"HPCPS_WAIT": wait}).stdout)
     assert final["node_cpus"] == cpus
@@ -207,11 +207,8 @@ def test_worker_memory_does_not_grow_with_steps():
 
 
 def test_trim_heap_runs_on_glibc_and_can_be_turned_off(monkeypatch):
-    import numpy as np
     from hpcps import _malloc
     monkeypatch.setattr(_malloc, "_libc", None)
-    junk = [np.ones(1 << 16) for _ in range(200)]       # 100 MB of 512 KiB blocks, then holes
-    del junk[::2]
     assert _malloc.trim_heap() is True                  # glibc (Debian) here and in CI
     assert _malloc.trim_heap() is True
     monkeypatch.setattr(_malloc, "_libc", None)

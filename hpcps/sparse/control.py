@@ -77,9 +77,8 @@ class StepControl:
         Collective over the world."""
         W = self.ctx.num_workers
         if self.ctx.is_ps:
-            mem = self._win.local(np.int64)
-            mem[0], mem[1] = step * W, step
-            mem[2:] = step
+            self._mine[0], self._mine[1] = step * W, step
+            self._mine[2:] = step
             self._win.sync()
         self.step = step
         self.ctx.world.Barrier()
