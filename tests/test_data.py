@@ -137,6 +137,21 @@ def test_wrapped_zipf_cdf_is_the_distribution_of_numpy_zipf_mod_rows():
         np.testing.assert_allclose(np.diff(cdf, prepend=0.0), empirical, atol=1.5e-3)
 
 
+@pytest.mark.parametrize("a, rows", [(1.2, 10000), (1.05, 100), (3.0, 7), (2.0, 1), (1.5, 300_000)])
+def test_guide_table_draws_the_ids_a_binary_search_would(a, rows):
+    """SyntheticCTR._inverse_cdf is searchsorted(cdf, u, "right") bit for bit: random draws, the
+    CDF's own values and the doubles just below them (where a bucket's first candidate is wrong)."""
+    d = SyntheticCTR(2, rows, 1, 8, 8, a, 0, 1, 0)
+    cdf = d._cdf
+    u = np.random.default_rng(rows).random((3, 50_000))
+    u[0, :3] = [0.0, np.nextafter(1.0, 0.0), 0.5]
+    edges = cdf[cdf < 1][:50_000]
+    u[1, :edges.size], u[2, :edges.size] = edges, np.nextafter(edges, 0.0)
+    got = d._inverse_cdf(u)
+    assert got.shape == u.shape
+    np.testing.assert_array_equal(got, np.searchsorted(cdf, u, side="right"))
+
+
 def test_synthetic_without_tables_of_cdf_or_weights_still_slices_alike(monkeypatch):
     import hpcps.data.synthetic as syn
     monkeypatch.setattr(syn, "CDF_ROWS", 10)              # tables "too large": numpy's Zipf sampler

@@ -25,6 +25,7 @@ __all__ = ["SyntheticCTR", "BLOCK", "CDF_ROWS", "wrapped_zipf_cdf"]
 
 BLOCK = 256
 CDF_ROWS = 1 << 22          # tables up to this many rows sample ids from a table of the CDF
+GUIDE = 1 << 16             # buckets of the CDF's guide table (SyntheticCTR._inverse_cdf)
 PLANTED_ENTRIES = 1 << 24   # planted row weights kept in memory up to this many (tables x rows)
 
 
@@ -79,6 +80,25 @@ class SyntheticCTR(DataSource):
             return None
         return np.stack([self._weights(t, np.arange(rows)) for t in range(len(self.tables))])
 
+    @cached_property
+    def _guide(self) -> np.ndarray:
+        """``_guide[k]`` = ``searchsorted(_cdf, k / GUIDE, side="right")`` for ``k`` in ``[0, GUIDE]``:
+        where the search for any ``u`` in ``[k / GUIDE, (k + 1) / GUIDE)`` starts (:meth:`_inverse_cdf`)."""
+        return np.searchsorted(self._cdf, np.arange(GUIDE + 1) / GUIDE, side="right")
+
+    def _inverse_cdf(self, u: np.ndarray) -> np.ndarray:
+        """``searchsorted(_cdf, u, side="right")`` for ``u`` in ``[0, 1)``, the same ids: a guide table
+        gives each draw its first candidate, and the few draws whose bucket spans several rows step
+        forward to theirs (a binary search per draw cost ~4x as much)."""
+        cdf, guide, flat = self._cdf, self._guide, u.reshape(-1)
+        k = (flat * GUIDE).astype(np.intp)       # exact: GUIDE is a power of two
+        ids = guide[k]
+        todo = np.flatnonzero(ids < guide[k + 1])
+        while todo.size:
+            todo = todo[cdf[ids[todo]] <= flat[todo]]
+            ids[todo] += 1
+        return ids.reshape(u.shape)
+
     def _weights(self, t: int, ids: np.ndarray) -> np.ndarray:
         """Planted weights of rows ``ids`` of table ``t`` (float32, a pure function of the seed)."""
         return initial_rows(self.seed, f"planted/{t}", ids, 1, scale=self.signal)[:, 0]
@@ -87,7 +107,7 @@ class SyntheticCTR(DataSource):
         """The draws of samples ``[k * BLOCK, k * BLOCK + n)`` of batch ``b`` of ``stream``."""
         rng = np.random.default_rng([self.seed, stream, b, k])
         if self._cdf is not None:
-            ids = np.searchsorted(self._cdf, rng.random((len(self.tables), n)), side="right")
+            ids = self._inverse_cdf(rng.random((len(self.tables), n)))
             ids = list(np.minimum(ids, self._cdf.size - 1))
         else:
             ids = [(rng.zipf(self.zipf, n) - 1) % rows for _, rows in self.tables]
