@@ -24,6 +24,10 @@ from .sparse.pipeline import CommThread, PushBatch
 
 __all__ = ["ShardedEmbeddingBag", "ShardedEmbeddingCollection"]
 
+# ShardedEmbeddingCollection finds a step's distinct rows with a flag per row of all its tables
+# up to this many rows in all (a pass over the flags costs less than a sort), else by sorting
+_MARK_ROWS = 1 << 20
+
 
 def _host(grad: torch.Tensor, scale: float) -> np.ndarray:
     """``grad * scale`` as a float32 numpy array in host memory (what a push sends)."""
@@ -169,11 +173,12 @@ class ShardedEmbeddingBag(torch.nn.Module):
         t0 = time.perf_counter()
         self._send(uniq, _host(grad, self.grad_scale), t0)
 
-    def _send(self, uniq: np.ndarray, g: np.ndarray, t0: float) -> None:
+    def _send(self, uniq: np.ndarray, g: np.ndarray, t0: float, checked: bool = False) -> None:
         """Push ``g`` (already scaled, float32 host memory) to rows ``uniq``: into the step's
-        batch, or on the comm thread; the time since ``t0`` counts as push wait."""
+        batch, or on the comm thread; the time since ``t0`` counts as push wait. ``checked``:
+        ``uniq`` and ``g`` passed the push's checks already (``PushBatch.add``)."""
         if self.batch is not None:
-            self.batch.add(self.table, uniq, g)
+            self.batch.add(self.table, uniq, g, checked)
         else:
             self.comm.post(self.table.push, uniq, g)
         self.push_wait_s += time.perf_counter() - t0
@@ -235,9 +240,63 @@ class ShardedEmbeddingCollection(torch.nn.Module):
             raise ValueError(f"ShardedEmbeddingCollection: every table must have one dim, got {sorted(dims)}")
         self.embedding_dim = dims.pop()
         self.device = self.bags[0].device
+        rows = np.array([b.num_embeddings for b in self.bags], np.int64)
+        self._rows = rows
+        self._bounds = np.concatenate([[0], np.cumsum(rows)])   # table j's rows are keys [b[j], b[j+1])
+        self._seen = self._slot = None       # the one-pass unique's scratch (_unique), made on first use
 
     def __len__(self) -> int:
         return len(self.bags)
+
+    def _together(self) -> bool:
+        """Whether this step's pulls can go in one pass (:meth:`_pull_together`): no bag has a cache
+        or a prefetch waiting, and every table's rows are float32 in this node's shared memory."""
+        return all(b.cache is None and b._next is None and b.table.node_local for b in self.bags)
+
+    def _unique(self, keys: np.ndarray):
+        """``np.unique(keys, return_inverse=True)`` with the inverse shaped like ``keys``. Up to
+        ``_MARK_ROWS`` rows in all, by marking the keys in a flag per row instead of sorting."""
+        total = int(self._bounds[-1])
+        if total > _MARK_ROWS:
+            uniq, inverse = np.unique(keys, return_inverse=True)
+            return uniq, inverse.reshape(keys.shape)
+        if self._seen is None:
+            self._seen, self._slot = np.zeros(total, np.bool_), np.empty(total, np.int64)
+        self._seen[keys] = True
+        uniq = np.flatnonzero(self._seen)
+        self._seen[uniq] = False
+        self._slot[uniq] = np.arange(uniq.size)
+        return uniq, self._slot[keys]
+
+    def _pull_together(self, ids):
+        """Every table's distinct rows for ``ids`` (one ``(B,)`` int array per table) in one pass:
+        one check of all ids, one unique over all tables, each table's rows read straight into one
+        buffer. Returns ``(rows, index, uniqs, starts, sizes)``: what the per-bag path gives."""
+        for b, x in zip(self.bags, ids):
+            if x.dtype.kind not in "iu":
+                raise ValueError(f"table {b.table.name!r}: ids must be integers, got dtype {x.dtype}")
+        M = np.stack(ids).astype(np.int64, copy=False)         # (tables, samples)
+        if M.shape[1]:
+            lo, hi = M.min(axis=1), M.max(axis=1)
+            bad = np.flatnonzero((lo < 0) | (hi >= self._rows))
+            if bad.size:
+                j = int(bad[0])
+                raise ValueError(f"table {self.bags[j].table.name!r}: id {int(lo[j] if lo[j] < 0 else hi[j])} "
+                                 f"out of range [0, {int(self._rows[j])})")
+        M += self._bounds[:-1, None]
+        uniq, index = self._unique(M)
+        index = np.ascontiguousarray(index.T)                   # (samples, tables), as the gather reads it
+        cut = np.searchsorted(uniq, self._bounds).tolist()
+        rows = np.empty((uniq.size, self.embedding_dim), np.float32)
+        uniqs = []
+        for j, b in enumerate(self.bags):
+            t0 = time.perf_counter()
+            part = uniq[cut[j]:cut[j + 1]] - self._bounds[j]
+            b.table.gather_local(part, rows[cut[j]:cut[j + 1]])
+            uniqs.append(part)
+            b.pull_wait_s += time.perf_counter() - t0
+        sizes = [u.size for u in uniqs]
+        return rows, index, uniqs, cut[:-1], sizes
 
     def forward(self, inputs) -> torch.Tensor:
         if len(inputs) != len(self.bags):
@@ -247,22 +306,31 @@ class ShardedEmbeddingCollection(torch.nn.Module):
         if any(x.numel() != n for x in ids):
             raise ValueError(f"ShardedEmbeddingCollection: every table needs one id per sample, got "
                              f"{[x.numel() for x in ids]} ids")
-        found = [b._lookup(x) for b, x in zip(self.bags, ids)]
-        sizes = [p.uniq.size for p, _ in found]
-        starts = np.cumsum([0] + sizes[:-1])
-        rows = torch.from_numpy(np.concatenate([r for _, r in found]) if len(found) > 1 else found[0][1])
-        index = np.empty((n, len(found)), np.int64)           # (samples, tables) rows of the leaf
-        for j, ((p, _), s) in enumerate(zip(found, starts)):
-            np.add(p.inverse, s, out=index[:, j])
+        together = self._together()
+        if together:
+            flat = [x.cpu().numpy() for x in ids]
+            rows, index, uniqs, starts, sizes = self._pull_together(flat)
+            rows = torch.from_numpy(rows)
+        else:
+            found = [b._lookup(x) for b, x in zip(self.bags, ids)]
+            uniqs = [p.uniq for p, _ in found]
+            sizes = [u.size for u in uniqs]
+            starts = np.cumsum([0] + sizes[:-1]).tolist()
+            rows = torch.from_numpy(np.concatenate([r for _, r in found]) if len(found) > 1 else found[0][1])
+            index = np.empty((n, len(found)), np.int64)           # (samples, tables) rows of the leaf
+            for j, ((p, _), s) in enumerate(zip(found, starts)):
+                np.add(p.inverse, s, out=index[:, j])
         if self.device.type != "cpu":
             rows = rows.to(self.device, non_blocking=True)
         weight = rows.requires_grad_(torch.is_grad_enabled())
         if weight.requires_grad:
-            uniqs = [p.uniq for p, _ in found]
-            weight.register_hook(lambda grad: self._push(uniqs, starts, sizes, grad))
+            weight.register_hook(lambda grad: self._push(uniqs, starts, sizes, grad, together))
         return _gather(weight, torch.from_numpy(index).to(self.device))
 
-    def _push(self, uniqs, starts, sizes, grad) -> None:
+    def _push(self, uniqs, starts, sizes, grad, checked_ids: bool = False) -> None:
+        """The hook on the leaf of pulled rows: push each table's slice of ``grad``. With
+        ``checked_ids`` (rows from :meth:`_pull_together`: int64, unique, sorted, in range) and a
+        finite gradient, the pushes skip their per-table checks."""
         scales = {b.grad_scale for b in self.bags}
         if len(scales) > 1:
             for b, uniq, s, k in zip(self.bags, uniqs, starts, sizes):
@@ -270,6 +338,8 @@ class ShardedEmbeddingCollection(torch.nn.Module):
             return
         t0 = time.perf_counter()
         g = _host(grad, scales.pop())
+        # one check of the whole gradient; a non-finite sum leaves the per-table checks to name it
+        checked = checked_ids and bool(np.isfinite(g.sum(dtype=np.float64)))
         for b, uniq, s, k in zip(self.bags, uniqs, starts, sizes):
-            b._send(uniq, g[s:s + k], t0)
+            b._send(uniq, g[s:s + k], t0, checked)
             t0 = time.perf_counter()

@@ -21,7 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 from mpi4py import MPI
 
-from .table import push_many
+from .table import _push_many
 
 __all__ = ["CommThread", "PushBatch", "RowCache"]
 
@@ -97,14 +97,15 @@ class PushBatch:
         self.comm = comm
         self._items = []
 
-    def add(self, table, ids: np.ndarray, grads: np.ndarray) -> None:
-        self._items.append((table, ids, grads))
+    def add(self, table, ids: np.ndarray, grads: np.ndarray, checked: bool = False) -> None:
+        """Keep a push; ``checked``: the caller already checked it (``EmbeddingTable._push_parts``)."""
+        self._items.append((table, ids, grads, checked))
 
     def flush(self) -> None:
         if not self._items:
             return
         items, self._items = self._items, []
-        self.comm.post(push_many, items)
+        self.comm.post(_push_many, items)
 
 
 class RowCache:

@@ -330,7 +330,7 @@ class EmbeddingTable:
         st = self.stats
         st.pulls += 1
         st.pull_rows += ids.size
-        P, dim = self.ctx.num_ps, self.dim
+        dim = self.dim
         half = self.pull_dtype != "float32" and not full
         window, views, npt, mpit = ((self._half, self._half_views, np.uint16, MPI.UINT16_T) if half else
                                     (self._data, self._views, np.float32, MPI.FLOAT))
@@ -339,19 +339,7 @@ class EmbeddingTable:
         if ids.size == 0:
             return PullHandle(self, out if widen is None else widen(out))
         if all(v is not None for v in views):                       # whole table on this node
-            window.sync()
-            if P == 1:
-                np.take(views[0], ids, axis=0, out=out)
-                st.rows_per_ps[0] += ids.size
-                st.bytes_per_ps[0] += out.nbytes
-            else:
-                owner, local = np.divmod(ids, P)[::-1]
-                for p in range(P):
-                    sel = np.flatnonzero(owner == p)
-                    if sel.size:
-                        out[sel] = np.take(views[p], local[sel], axis=0)
-                        st.rows_per_ps[p] += sel.size
-                        st.bytes_per_ps[p] += sel.size * dim * out.itemsize
+            self._gather_node(ids, out, window, views)
             if widen is not None:
                 out = widen(out)
             st.pull_seconds += time.perf_counter() - started
@@ -379,6 +367,44 @@ class EmbeddingTable:
             pending.append((req, dtype, lambda b, sel=sel: rows.__setitem__(sel, b), buf))
         finish = (lambda r: r[inverse]) if widen is None else (lambda r: widen(r[inverse]))
         return PullHandle(self, rows, pending, finish=finish, started=started)
+
+    @property
+    def node_local(self) -> bool:
+        """Whether every shard is in this node's shared memory and pulls read float32 rows: what
+        :meth:`gather_local` needs. Local."""
+        return self.pull_dtype == "float32" and all(v is not None for v in self._views)
+
+    def gather_local(self, ids: np.ndarray, out: np.ndarray) -> None:
+        """``pull(ids)`` into ``out`` for a :attr:`node_local` table, without the checks: ``ids``
+        must be int64 in ``[0, num_rows)`` and ``out`` float32 ``(len(ids), dim)``. Worker ranks;
+        local. For callers that validated many tables' ids at once
+        (:class:`hpcps.nn.ShardedEmbeddingCollection`); counted in :attr:`stats` like a pull."""
+        started = time.perf_counter()
+        st = self.stats
+        st.pulls += 1
+        st.pull_rows += ids.size
+        self._gather_node(ids, out, self._data, self._views)
+        st.pull_seconds += time.perf_counter() - started
+
+    def _gather_node(self, ids: np.ndarray, out: np.ndarray, window, views: list) -> None:
+        """Read rows ``ids`` from ``window``'s shards, every PS's mapped in ``views`` (this node),
+        into ``out``."""
+        st, P = self.stats, self.ctx.num_ps
+        if ids.size == 0:
+            return
+        window.sync()
+        if P == 1:
+            np.take(views[0], ids, axis=0, out=out)
+            st.rows_per_ps[0] += ids.size
+            st.bytes_per_ps[0] += out.nbytes
+            return
+        owner, local = np.divmod(ids, P)[::-1]
+        for p in range(P):
+            sel = np.flatnonzero(owner == p)
+            if sel.size:
+                out[sel] = np.take(views[p], local[sel], axis=0)
+                st.rows_per_ps[p] += sel.size
+                st.bytes_per_ps[p] += sel.size * self.dim * out.itemsize
 
     def pull(self, ids, full: bool = False) -> np.ndarray:
         """``pull_async(ids, full).wait()``. Worker ranks; local (one-sided)."""
@@ -449,13 +475,16 @@ class EmbeddingTable:
         push_many([(self, ids, grads)])
         return PushHandle()
 
-    def _push_parts(self, ids, grads):
+    def _push_parts(self, ids, grads, checked: bool = False):
         """Validate one push, split it by owner and prepare each part, all before any lock is
         taken: ``[(p, (local rows, grads, their unique rows, summed grads or None, alpha))]``. Local,
-        no communication."""
+        no communication. ``checked``: the caller vouches that ``ids`` are int64, unique, sorted
+        and in range and ``grads`` float32, C-contiguous, finite and ``(len(ids), dim)``
+        (:class:`hpcps.nn.ShardedEmbeddingCollection` checked them for all its tables at once)."""
         self._check_worker("push")
-        ids = as_ids(self.name, ids, self.num_rows)
-        grads = as_grads(self.name, grads, ids.size, self.dim)
+        if not checked:
+            ids = as_ids(self.name, ids, self.num_rows)
+            grads = as_grads(self.name, grads, ids.size, self.dim)
         st = self.stats
         st.pushes += 1
         st.push_rows += ids.size
@@ -468,15 +497,15 @@ class EmbeddingTable:
             owner, local = np.divmod(ids, P)[::-1]
             split = [(p, local[sel], grads[sel]) for p in np.unique(owner).tolist()
                      for sel in (np.flatnonzero(owner == p),)]
-        return [(p, self._prepare(p, rows_p, g_p)) for p, rows_p, g_p in split]
+        return [(p, self._prepare(p, rows_p, g_p, checked)) for p, rows_p, g_p in split]
 
-    def _prepare(self, p: int, rows_p: np.ndarray, g_p: np.ndarray):
+    def _prepare(self, p: int, rows_p: np.ndarray, g_p: np.ndarray, distinct: bool = False):
         """The work of a push part that needs no lock: unique rows, the factor on the gradient
         (stateful: 1, the PS applies the optimizer; SGD: -lr), and for RMA the summed, scaled
-        gradients (one accumulate per row)."""
+        gradients (one accumulate per row). ``distinct``: the rows are known unique and sorted."""
         alpha = 1.0 if self.stateful else -self.optimizer.lr_at(self.ctx.control.step)
         # ids already unique and sorted (what ShardedEmbeddingBag pushes) skip the sort
-        distinct = bool(np.all(rows_p[1:] > rows_p[:-1]))
+        distinct = distinct or bool(np.all(rows_p[1:] > rows_p[:-1]))
         if (self._stage_views if self.stateful else self._views)[p] is not None:
             return rows_p, g_p, rows_p if distinct else np.unique(rows_p), None, alpha
         if distinct:
@@ -668,15 +697,21 @@ def push_many(pushes) -> None:
     counted: a training step's pushes of N tables cost one lock round trip per PS
     instead of N. Same result as the pushes one by one.
     """
+    _push_many([(table, ids, grads, False) for table, ids, grads in pushes])
+
+
+def _push_many(pushes) -> None:
+    """:func:`push_many` of ``[(table, ids, grads, checked), ...]``: ``checked`` as in
+    :meth:`EmbeddingTable._push_parts` (True skips that push's checks). Worker ranks; local."""
     if not pushes:
         return
     ctx = pushes[0][0].ctx
-    if any(t.ctx is not ctx for t, _, _ in pushes):
+    if any(item[0].ctx is not ctx for item in pushes):
         raise ValueError("push_many: all tables must belong to one hpcps context")
     started = time.perf_counter()
     by_ps = {}
-    for table, ids, grads in pushes:
-        for p, part in table._push_parts(ids, grads):
+    for table, ids, grads, checked in pushes:
+        for p, part in table._push_parts(ids, grads, checked):
             by_ps.setdefault(p, []).append((table, part))
     locks = ctx.shard_locks
     for p in sorted(by_ps):
@@ -690,8 +725,8 @@ def push_many(pushes) -> None:
         finally:
             locks.release(rank)
     elapsed = time.perf_counter() - started
-    for table, _, _ in pushes:
-        table.stats.push_seconds += elapsed / len(pushes)
+    for item in pushes:
+        item[0].stats.push_seconds += elapsed / len(pushes)
 
 
 def apply_staged(ctx, tables, step: int, stamp: int | None = None) -> int:

@@ -142,3 +142,51 @@ def test_sharded_embedding_collection_equals_stacked_bags():
         for t, r in zip(tabs, refs):
             torch.testing.assert_close(torch.from_numpy(t.pull(np.arange(N))), r.detach() - 0.5 * W * r.grad,
                                        rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_collection_in_one_pass_matches_the_bags_one_by_one():
+    """With every shard in this node's shared memory the collection pulls all its tables in one
+    pass, and its pushes skip the per-table checks: the same rows and the same Adagrad step as
+    separate bags. A NaN gradient is still refused, naming the table, and nothing is pushed.
+    At 3 ranks the tables have 2 PS ranks (each pull splits by owner)."""
+    from hpcps.sparse.pipeline import CommThread, PushBatch
+    N, D, T = 50, 4, 3
+    num_ps = 2 if MPI.COMM_WORLD.Get_size() >= 3 else 1
+    with hpcps.init(num_ps=num_ps, mode="sync") as ctx:
+        opt = hpcps.optim.Adagrad(lr=0.1)
+        a = [hpcps.EmbeddingTable(ctx, f"a{i}", N, D, optimizer=opt, seed=3) for i in range(T)]
+        b = [hpcps.EmbeddingTable(ctx, f"b{i}", N, D, optimizer=opt, seed=3) for i in range(T)]
+        if ctx.is_ps:
+            ctx.serve()
+            return
+        batch = PushBatch(CommThread(enabled=False))
+        coll = ShardedEmbeddingCollection([ShardedEmbeddingBag(t, batch=batch) for t in a])
+        bags = [ShardedEmbeddingBag(t, batch=batch) for t in b]
+        assert coll._together()
+        ids = [torch.tensor([3, 3, 17, 49, 0]), torch.tensor([1, 2, 3, 4, 5]), torch.tensor([49, 49, 49, 0, 0])]
+        everything = np.arange(N)
+        before_a, before_b = [t.pull(everything) for t in a], [t.pull(everything) for t in b]
+        out = coll(ids)
+        for j, (t, x) in enumerate(zip(a, ids)):
+            torch.testing.assert_close(out[:, j], torch.from_numpy(t.pull(x.numpy())), rtol=0, atol=0)
+        sep = torch.stack([bag(x.view(-1, 1)) for bag, x in zip(bags, ids)], dim=1)
+        w = torch.randn(out.shape, generator=torch.Generator().manual_seed(ctx.worker_rank))
+        ctx.worker_comm.Barrier()                              # every worker read before anyone pushes
+        ctx.step_begin(0)
+        (out * w).sum().backward()
+        (sep * w).sum().backward()
+        batch.flush()
+        ctx.step_end(0)
+        ctx.fence(1)
+        for ta, tb, a0, b0 in zip(a, b, before_a, before_b):
+            moved = ta.pull(everything) - a0
+            assert np.abs(moved).max() > 0
+            np.testing.assert_allclose(moved, tb.pull(everything) - b0, rtol=1e-6, atol=1e-7)
+        ctx.worker_comm.Barrier()
+        after = [t.pull(everything) for t in a]
+        (coll(ids) * float("nan")).sum().backward()
+        with pytest.raises(ValueError, match="table 'a0'.*NaN"):
+            batch.flush()
+        for t, x in zip(a, after):
+            np.testing.assert_array_equal(t.pull(everything), x)
