@@ -5,26 +5,35 @@ Each loop calls :func:`backoff` after a poll that found nothing. Two policies:
 
 - ``yield``: ``sched_yield()`` after every miss. The lowest latency; right when
   every rank has a core of its own.
-- ``sleep``: a few yields, then sleeps that double from 20 us up to 200 us. Right
+- ``sleep``: a few yields, then sleeps that double from 20 us up to 60 us. Right
   on an oversubscribed node (more ranks than CPUs): a waiting rank gives its core
   to the ranks that compute, instead of taking half of it to spin. A shared-memory
   or RMA operation aimed at a sleeping rank still completes (windows are
   ``Win.Allocate`` + ``Lock_all(MODE_NOCHECK)``, see ``hpcps/sparse/window.py``).
+  The process's timer slack is set to 1 us (Linux ``PR_SET_TIMERSLACK``; the
+  default 50 us stretched every short sleep), so a rank notices a finished wait
+  within ~60 us. Against a 200 us cap with the default slack, 1 PS + 3 workers on
+  2 CPUs ran 85k -> 99k samples/s (median of 5 alternating runs each): in ``sync``
+  mode every step waits on the slowest rank, and each late wake-up idles a core.
 
 ``$HPCPS_WAIT`` = ``auto`` (default) | ``yield`` | ``sleep``; ``auto`` is ``sleep``
 where the ranks on this node outnumber the CPUs they may run on, else ``yield``.
 :func:`hpcps.init` decides it once per process.
 """
 
+import ctypes
 import os
+import sys
 import time
 
 __all__ = ["WAIT_POLICIES", "backoff", "set_policy", "wait_request"]
 
 WAIT_POLICIES = ("auto", "yield", "sleep")
 _SPINS = 2                  # misses answered with a yield before the first sleep
-_FIRST_S, _MAX_S = 20e-6, 200e-6
+_FIRST_S, _MAX_S = 20e-6, 60e-6
+_SLACK_NS = 1000            # timer slack while the policy is sleep
 
+_PR_SET_TIMERSLACK = 29
 _sleep = False
 
 
@@ -34,6 +43,18 @@ def set_policy(name: str) -> None:
     if name not in ("yield", "sleep"):
         raise ValueError(f"wait policy must be 'yield' or 'sleep', got {name!r}")
     _sleep = name == "sleep"
+    if _sleep:
+        _tight_timer_slack()
+
+
+def _tight_timer_slack() -> bool:
+    """Linux: this thread's (and its future threads') timer slack to ``_SLACK_NS``. True if set."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_TIMERSLACK, _SLACK_NS, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
 
 
 def backoff(misses: int) -> None:
