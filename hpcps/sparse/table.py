@@ -369,16 +369,17 @@ class EmbeddingTable:
         return PullHandle(self, rows, pending, finish=finish, started=started)
 
     @property
-    def node_local(self) -> bool:
+    def _node_local(self) -> bool:
         """Whether every shard is in this node's shared memory and pulls read float32 rows: what
-        :meth:`gather_local` needs. Local."""
+        :meth:`_gather_local` needs. Local."""
         return self.pull_dtype == "float32" and all(v is not None for v in self._views)
 
-    def gather_local(self, ids: np.ndarray, out: np.ndarray) -> None:
-        """``pull(ids)`` into ``out`` for a :attr:`node_local` table, without the checks: ``ids``
+    def _gather_local(self, ids: np.ndarray, out: np.ndarray) -> None:
+        """``pull(ids)`` into ``out`` for a :attr:`_node_local` table, without the checks: ``ids``
         must be int64 in ``[0, num_rows)`` and ``out`` float32 ``(len(ids), dim)``. Worker ranks;
         local. For callers that validated many tables' ids at once
         (:class:`hpcps.nn.ShardedEmbeddingCollection`); counted in :attr:`stats` like a pull."""
+        self._check_worker("pull")
         started = time.perf_counter()
         st = self.stats
         st.pulls += 1
