@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from .sparse.pipeline import CommThread, PushBatch
+from .sparse.validate import as_id_rows
 
 __all__ = ["ShardedEmbeddingBag", "ShardedEmbeddingCollection"]
 
@@ -240,9 +241,8 @@ class ShardedEmbeddingCollection(torch.nn.Module):
             raise ValueError(f"ShardedEmbeddingCollection: every table must have one dim, got {sorted(dims)}")
         self.embedding_dim = dims.pop()
         self.device = self.bags[0].device
-        rows = np.array([b.num_embeddings for b in self.bags], np.int64)
-        self._rows = rows
-        self._bounds = np.concatenate([[0], np.cumsum(rows)])   # table j's rows are keys [b[j], b[j+1])
+        self._rows = np.array([b.num_embeddings for b in self.bags], np.int64)
+        self._bounds = np.concatenate([[0], np.cumsum(self._rows)])   # table j's rows are keys [b[j], b[j+1])
         self._seen = self._slot = None       # the one-pass unique's scratch (_unique), made on first use
 
     def __len__(self) -> int:
@@ -272,17 +272,7 @@ class ShardedEmbeddingCollection(torch.nn.Module):
         """Every table's distinct rows for ``ids`` (one ``(B,)`` int array per table) in one pass:
         one check of all ids, one unique over all tables, each table's rows read straight into one
         buffer. Returns ``(rows, index, uniqs, starts, sizes)``: what the per-bag path gives."""
-        for b, x in zip(self.bags, ids):
-            if x.dtype.kind not in "iu":
-                raise ValueError(f"table {b.table.name!r}: ids must be integers, got dtype {x.dtype}")
-        M = np.stack(ids).astype(np.int64, copy=False)         # (tables, samples)
-        if M.shape[1]:
-            lo, hi = M.min(axis=1), M.max(axis=1)
-            bad = np.flatnonzero((lo < 0) | (hi >= self._rows))
-            if bad.size:
-                j = int(bad[0])
-                raise ValueError(f"table {self.bags[j].table.name!r}: id {int(lo[j] if lo[j] < 0 else hi[j])} "
-                                 f"out of range [0, {int(self._rows[j])})")
+        M = as_id_rows([b.table.name for b in self.bags], ids, self._rows)   # (tables, samples)
         M += self._bounds[:-1, None]
         uniq, index = self._unique(M)
         index = np.ascontiguousarray(index.T)                   # (samples, tables), as the gather reads it

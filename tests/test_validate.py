@@ -1,8 +1,10 @@
+import re
+
 import numpy as np
 import pytest
 import torch
 
-from hpcps.sparse.validate import as_grads, as_ids
+from hpcps.sparse.validate import as_grads, as_id_rows, as_ids
 
 
 def test_ids_accepts_ints_lists_and_tensors():
@@ -43,3 +45,19 @@ def test_bad_grads(grads, msg):
         as_grads("t", grads, 2, 4)
     with pytest.raises(ValueError, match=msg):
         as_grads("t", grads, 2, 4)
+
+
+def test_id_rows_of_several_tables_fail_as_each_table_would():
+    """as_id_rows (the collection's one check of all tables) raises what as_ids raises per table."""
+    names, rows = ["a", "b"], np.array([5, 3])
+    got = as_id_rows(names, [np.array([0, 4]), np.array([2, 1], np.uint8)], rows)
+    assert got.dtype == np.int64
+    np.testing.assert_array_equal(got, [[0, 4], [2, 1]])
+    for bad in ([np.array([0, 4]), np.array([2, 3])], [np.array([-1, 4]), np.array([2, 1])],
+                [np.array([0, 4]), np.array([2.0, 1.0])]):
+        with pytest.raises(ValueError) as per_table:
+            for name, x, n in zip(names, bad, rows):
+                as_ids(name, x, int(n))
+        with pytest.raises(ValueError, match=re.escape(str(per_table.value))):
+            as_id_rows(names, bad, rows)
+    assert as_id_rows(names, [np.zeros(0, np.int64)] * 2, rows).shape == (2, 0)

@@ -6,7 +6,7 @@ call that fails here has not touched the table.
 
 import numpy as np
 
-__all__ = ["as_ids", "as_grads"]
+__all__ = ["as_ids", "as_id_rows", "as_grads"]
 
 
 def _to_numpy(x):
@@ -20,17 +20,40 @@ def as_ids(table: str, ids, num_rows: int) -> np.ndarray:
     arr = _to_numpy(ids)
     if arr.size == 0 and arr.dtype.kind in "fO":      # [] comes in as float64
         arr = arr.astype(np.int64).reshape(arr.shape)
-    if arr.dtype.kind not in "iu":
-        raise ValueError(f"table {table!r}: ids must be integers, got dtype {arr.dtype}")
+    _integers(table, arr)
     if arr.ndim != 1:
         raise ValueError(f"table {table!r}: ids must be 1-D, got shape {arr.shape}")
     if arr.size:
         lo, hi = arr.min(), arr.max()
         if lo < 0 or hi >= num_rows:
-            bad = lo if lo < 0 else hi
-            raise ValueError(
-                f"table {table!r}: id {int(bad)} out of range [0, {num_rows})")
+            _out_of_range(table, lo, hi, num_rows)
     return arr.astype(np.int64, copy=False)
+
+
+def as_id_rows(tables, ids, num_rows: np.ndarray) -> np.ndarray:
+    """Several tables' ids at once, one 1-D integer numpy array of one length per table: checked
+    as :func:`as_ids` would check each (the same errors), with one min and one max over all of
+    them, as an int64 ``(tables, ids)`` array. Local."""
+    for table, x in zip(tables, ids):
+        _integers(table, x)
+    arr = np.stack(ids).astype(np.int64, copy=False)
+    if arr.shape[1]:
+        lo, hi = arr.min(axis=1), arr.max(axis=1)
+        bad = np.flatnonzero((lo < 0) | (hi >= num_rows))
+        if bad.size:
+            j = int(bad[0])
+            _out_of_range(tables[j], lo[j], hi[j], int(num_rows[j]))
+    return arr
+
+
+def _integers(table: str, arr: np.ndarray) -> None:
+    if arr.dtype.kind not in "iu":
+        raise ValueError(f"table {table!r}: ids must be integers, got dtype {arr.dtype}")
+
+
+def _out_of_range(table: str, lo, hi, num_rows: int) -> None:
+    bad = lo if lo < 0 else hi
+    raise ValueError(f"table {table!r}: id {int(bad)} out of range [0, {num_rows})")
 
 
 def as_grads(table: str, grads, n: int, dim: int) -> np.ndarray:
