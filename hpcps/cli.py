@@ -11,7 +11,7 @@ from ._version import __version__
 __all__ = ["main"]
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
-BENCHES = ("e2e", "sparse_grid", "scaling", "checkpoint", "pull_dtype")   # bench_sparse.py runs under mpiexec itself
+BENCHES = ("e2e", "sparse_grid", "scaling", "checkpoint", "dtype")   # bench_sparse.py runs under mpiexec itself
 
 
 def _setup_logging(level: str) -> None:

@@ -22,7 +22,7 @@ else:                                    # pragma: no cover
 
 from .sparse.control import parse_mode
 from .sparse.optimizers import LRSchedule, make_optimizer
-from .sparse.table import PULL_DTYPES
+from .sparse.table import PULL_DTYPES, PUSH_DTYPES
 
 __all__ = ["Config", "load_config", "config_keys", "build_sparse_optimizer", "parse_permissions", "FORMATS", "MODELS"]
 
@@ -119,6 +119,7 @@ class PipelineConfig:
     cache_rows: int = 0         # worker-side cache of hot rows per table (0 = off; async or ssp only)
     cache_staleness: int = 2    # a cached row older than this many steps is pulled again
     pull_dtype: str = "float32"  # float32 | bfloat16 | float16: rows travel to workers in 16 bits
+    push_dtype: str = "float32"  # float32 | bfloat16 | float16: per-row gradient sums rounded to 16 bits
 
 
 @dataclass
@@ -337,6 +338,7 @@ def validate(cfg: Config) -> None:
            "a cache serves rows up to pipeline.cache_staleness steps old, and job.mode = sync promises "
            "fresh rows: use job.mode = async or ssp:S, or cache_rows = 0")
     _check(pl.pull_dtype in PULL_DTYPES, "pipeline.pull_dtype", pl.pull_dtype, f"must be one of {', '.join(PULL_DTYPES)}")
+    _check(pl.push_dtype in PUSH_DTYPES, "pipeline.push_dtype", pl.push_dtype, f"must be one of {', '.join(PUSH_DTYPES)}")
     c = cfg.checkpoint
     _check(c.every_steps >= 0 and c.every_seconds >= 0, "checkpoint.every_steps", c.every_steps, "must be >= 0")
     _check(c.keep >= 0, "checkpoint.keep", c.keep, "must be >= 0")

@@ -180,7 +180,7 @@ def train(cfg: Config) -> dict | None:
                                  init_scale=scale, transport=cfg.job.transport,
                                  track_dirty=bool(c.dir) and c.full_every > 1,
                                  track_versions=pipe["prefetch"] and kind != "async",
-                                 pull_dtype=cfg.pipeline.pull_dtype)
+                                 pull_dtype=cfg.pipeline.pull_dtype, push_dtype=cfg.pipeline.push_dtype)
                   for name, rows, dim, scale in table_specs(cfg, data)]
         stop = StopRequest(c.dir)
         ckpt, resume_from, start = None, None, 0
@@ -215,7 +215,8 @@ def train(cfg: Config) -> dict | None:
         if ctx.is_ps:
             ctx.serve()
             held = sum(t.shard().nbytes + sum(v.nbytes for v in t._state.values())
-                       + (t._half.nbytes if t.pull_dtype != "float32" else 0) for t in tables)
+                       + (t._half.nbytes if t.pull_dtype != "float32" else 0)
+                       + (t._inbox.nbytes if t._inbox is not None else 0) for t in tables)
         else:
             summary, log = _work(cfg, ctx, data, tables, steps, start, resume_from, ckpt, stop, pipe)
             if summary is not None:
@@ -260,12 +261,14 @@ def _pipeline_rates(embs, totals: dict) -> dict:
 def _pipeline_summary(pl, pipe, comm_thread, embs, totals) -> dict:
     _pipeline_rates(embs, totals)                      # counts since the last record
     out = {"prefetch": pipe["prefetch"], "background_push": comm_thread.enabled, "cache_rows": pl.cache_rows,
-           "pull_dtype": pl.pull_dtype}
+           "pull_dtype": pl.pull_dtype, "push_dtype": pl.push_dtype}
     if pl.cache_rows:
         out["cache_hit_rate"] = totals["hits"] / max(totals["lookups"], 1)
         out["cache_staleness"] = pl.cache_staleness
     if totals.get("prefetched"):
         out["prefetch_refreshed"] = totals["refreshed"] / totals["prefetched"]
+    if pl.push_dtype != "float32":                     # pushes sent as float32: a PS's inbox was full
+        out["push_inbox_full"] = sum(e.table.stats.inbox_full for e in embs)
     return out
 
 

@@ -61,6 +61,7 @@ def test_file_errors_name_the_key(tmp_path, text, msg):
     (["pipeline.cache_rows=-1", "job.mode=async"], "pipeline.cache_rows = -1: must be >= 0"),
     (["pipeline.cache_staleness=-2"], "pipeline.cache_staleness = -2"),
     (["pipeline.prefetch=maybe"], "pipeline.prefetch = 'maybe': must be auto, on or off"),
+    (["pipeline.push_dtype=int8"], "pipeline.push_dtype = 'int8': must be one of float32, bfloat16, float16"),
 ])
 def test_bad_values_name_the_key(sets, msg):
     with pytest.raises(ValueError, match=msg.replace("(", "\\(").replace(")", "\\)")):

@@ -45,8 +45,8 @@ def test_report_writes_plots_and_a_summary_with_bench_ratios(tmp_path):
     (res / "bench_e2e.json").write_text(json.dumps({"hpcps_vs_torch_rpc": 0.98, "targets": {"hpcps_vs_torch_rpc": 2.0}}))
     (res / "bench_sparse.json").write_text(json.dumps({"ratios": {"pull_vs_local_gather": 0.86},
                                                        "targets": {"pull_vs_local_gather": 0.8}}))
-    (res / "bench_pull_dtype.json").write_text(json.dumps({"results": {"bfloat16": {"auc_minus_float32": -0.00012,
-                                                                                     "bytes_vs_float32": 0.75}}}))
+    (res / "bench_dtype.json").write_text(json.dumps({"results": {"pull_bf16": {"auc_minus_float32": -0.00012,
+                                                                                 "bytes_vs_float32": 0.75}}}))
     files = write_report(res, tmp_path / "report")
     names = {f.name for f in files}
     assert names == {"loss.png", "throughput.png", "time_breakdown.png", "staleness.png", "load_balance.png",
@@ -59,7 +59,7 @@ def test_report_writes_plots_and_a_summary_with_bench_ratios(tmp_path):
     assert "hpcps_vs_torch_rpc: 0.98 (target 2.0)" in md and "load balance: max/mean rows per PS = 1.09" in md
     assert "peak RSS: PS [300.0, 301.0] MB" in md and "![loss](loss.png)" in md
     assert "pull_vs_local_gather: 0.86 (target 0.8)" in md
-    assert "bfloat16 auc_minus_float32: -0.0001" in md and "bfloat16 bytes_vs_float32: 0.75" in md
+    assert "pull_bf16 auc_minus_float32: -0.0001" in md and "pull_bf16 bytes_vs_float32: 0.75" in md
 
 
 def test_report_errors_name_the_problem(tmp_path):

@@ -102,3 +102,15 @@ def test_prefetch_before_other_workers_pushes_is_refreshed_exactly(n, num_ps, tr
 def test_16_bit_pulls_are_the_rounded_rows_and_follow_updates(n, num_ps, transport, dtype, opt):
     r = run_mpi(n, ["half_pull.py", num_ps, transport, dtype, opt], timeout=120)
     assert r.stdout.count("OK worker") == 2
+
+
+@pytest.mark.parametrize("n,num_ps,transport,dtype,inbox", [(3, 1, "rma", "bfloat16", None),
+                                                            (3, 1, "auto", "float16", None),
+                                                            (4, 2, "rma", "float16", None),
+                                                            (4, 2, "auto", "bfloat16", None),
+                                                            (3, 1, "rma", "bfloat16", 100)])
+def test_16_bit_pushes_apply_the_rounded_row_sums(n, num_ps, transport, dtype, inbox):
+    r = run_mpi(n, ["half_push.py", num_ps, transport, dtype] + ([inbox] if inbox else []), timeout=120)
+    assert r.stdout.count("OK worker") == 2
+    if inbox:       # a 100-row inbox cannot take both workers' pushes: some went as float32, still exact
+        assert sum(int(line.split()[-1]) for line in r.stdout.splitlines() if "OK worker" in line) > 0

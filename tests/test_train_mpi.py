@@ -86,7 +86,8 @@ def test_async_converges_like_sync():
     res = {}
     runs = {"sync": ["job.mode=sync", "pipeline.prefetch=on"], "async": ["job.mode=async"],
             "cached": ["job.mode=async", "pipeline.cache_rows=4096", "pipeline.cache_staleness=3"],
-            "bf16": ["job.mode=sync", "pipeline.pull_dtype=bfloat16"]}
+            "bf16": ["job.mode=sync", "pipeline.pull_dtype=bfloat16", "pipeline.push_dtype=bfloat16",
+                     "job.transport=rma"]}
     for name, extra in runs.items():
         r = run_mpi(4, ["-m", "hpcps", "train", "--set", *extra, *sets], timeout=300)
         res[name] = _final(r.stdout)
@@ -101,8 +102,10 @@ def test_async_converges_like_sync():
     # default
     assert res["sync"]["pipeline"]["prefetch"] and 0 < res["sync"]["pipeline"]["prefetch_refreshed"] < 1
     assert not res["async"]["pipeline"]["prefetch"] and not res["async"]["pipeline"]["background_push"]
-    # rows pulled as bfloat16: same learning, to AUC noise
-    assert res["bf16"]["pipeline"]["pull_dtype"] == "bfloat16"
+    # rows pulled and gradients pushed as bfloat16, over RMA (all through the PS's push inbox):
+    # same learning, to AUC noise
+    pipe = res["bf16"]["pipeline"]
+    assert (pipe["pull_dtype"], pipe["push_dtype"], pipe["push_inbox_full"]) == ("bfloat16", "bfloat16", 0), pipe
     assert abs(res["bf16"]["auc"] - res["sync"]["auc"]) < 0.01, (res["bf16"]["auc"], res["sync"]["auc"])
 
 

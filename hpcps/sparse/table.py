@@ -6,7 +6,9 @@ one ``MPI_Get_accumulate(NO_OP)`` per owner with an indexed datatype -> scatter
 back through the inverse.
 Push path (worker):   validate grads -> take the owner's shard lock -> on
 this node ``index_add_`` of ``-lr * grad`` into shared memory; remote: sum
-duplicates, one ``MPI_Accumulate(SUM)`` per owner -> release.
+duplicates, one ``MPI_Accumulate(SUM)`` per owner -> release. A 16-bit
+``push_dtype`` puts the rounded per-row sums into the owner's push inbox
+instead (MPI has no usable 16-bit float sum); the PS widens and adds them.
 """
 
 import logging
@@ -35,6 +37,10 @@ _INIT_CHUNK_ROWS = 1 << 14
 STAGED_LIST_ROWS = 1 << 18
 RMA_READS = ("get_accumulate", "get")
 PULL_DTYPES = ("float32", "bfloat16", "float16")
+PUSH_DTYPES = PULL_DTYPES
+# push inbox (16-bit push_dtype, remote PS): up to this many rows a PS has not drained yet; a push
+# that would overflow it goes as float32 by MPI_Accumulate (the same rounded values, twice the bytes)
+PUSH_INBOX_ROWS = 1 << 16
 
 _torch = None
 
@@ -61,6 +67,7 @@ class TableStats:
     bytes_per_ps: list = field(default_factory=list)    # their bytes as moved (16-bit pulls: 2 per value)
     applies_listed: int = 0     # PS: applies that took their rows from the staged-row list
     applies_scanned: int = 0    # PS: applies that scanned the shard's flags (the list had overflowed)
+    inbox_full: int = 0         # 16-bit pushes sent as float32 because the PS's push inbox was full
 
 
 def _complete(requests) -> None:
@@ -70,6 +77,22 @@ def _complete(requests) -> None:
     while requests and not MPI.Request.Testall(requests):
         misses += 1
         backoff(misses)
+
+
+def _narrow(rows: np.ndarray, dtype: str) -> np.ndarray:
+    """float32 ``rows`` rounded to nearest (even) ``dtype`` ("bfloat16" by torch, "float16" by
+    numpy), as their uint16 bit patterns."""
+    if dtype == "float16":
+        return rows.astype(np.float16).view(np.uint16)
+    torch = _t()
+    return torch.from_numpy(np.ascontiguousarray(rows)).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+
+
+def _widen(half: np.ndarray, dtype: str) -> np.ndarray:
+    """:func:`_narrow`'s bit patterns back to float32 (exact)."""
+    if dtype == "float16":
+        return half.view(np.float16).astype(np.float32)
+    return (half.astype(np.uint32) << 16).view(np.float32)
 
 
 def _listed(n: int, k: int, cap: int) -> int:
@@ -137,14 +160,21 @@ class EmbeddingTable:
     its rows (rounded to nearest) next to the float32 ones, refreshed whenever it
     applies an update, and pulls read that copy: half the bytes over RMA and through
     shared memory; the rows, the optimizer state and checkpoints stay float32. The PS
-    then applies every update, plain SGD included. Pushes stay float32: MPI has no
-    usable 16-bit float accumulate (see README).
+    then applies every update, plain SGD included.
+    push_dtype: ``"float32"``, or ``"bfloat16"`` / ``"float16"``: a worker sums each row's
+    gradients in float32 and rounds the sum to 16 bits (to nearest), and that is what the
+    PS adds (in float32) to the row's staged gradient. To a PS on another node the
+    rounded rows travel in 16 bits: they go to its push inbox (``MPI_Put``, up to
+    ``PUSH_INBOX_ROWS`` rows not yet drained; past that as float32 by accumulate, counted in
+    ``stats.inbox_full``), which the PS drains before it applies. Through shared memory
+    nothing is saved (the worker adds the rounded values itself). The PS applies every
+    update, plain SGD included.
     """
 
     def __init__(self, ctx, name: str, num_rows: int, dim: int,
                  optimizer: SparseOptimizer | None = None, seed: int = 0,
                  init_scale: float | None = None, transport: str | None = None, track_dirty: bool = False,
-                 track_versions: bool = False, pull_dtype: str = "float32"):
+                 track_versions: bool = False, pull_dtype: str = "float32", push_dtype: str = "float32"):
         ctx._check_open()
         if not isinstance(name, str) or not name:
             raise ValueError(f"table name must be a non-empty string, got {name!r}")
@@ -167,8 +197,10 @@ class EmbeddingTable:
 
         if pull_dtype not in PULL_DTYPES:
             raise ValueError(f"table {name!r}: pull_dtype must be one of {PULL_DTYPES}, got {pull_dtype!r}")
+        if push_dtype not in PUSH_DTYPES:
+            raise ValueError(f"table {name!r}: push_dtype must be one of {PUSH_DTYPES}, got {push_dtype!r}")
         spec = (name, int(num_rows), int(dim), repr(optimizer), int(seed), scale, transport, bool(track_dirty),
-                bool(track_versions), pull_dtype)
+                bool(track_versions), pull_dtype, push_dtype)
         specs = ctx.world.allgather(spec)
         if any(s != spec for s in specs):
             raise ValueError(f"table {name!r} created differently on different ranks: {sorted(set(specs))}")
@@ -183,9 +215,10 @@ class EmbeddingTable:
         self._data = Window(ctx.world, local_rows * self._row_bytes, what=f"table {name!r}")
         self._locks = ctx.shard_locks           # shared by the context's tables (push_many)
         self._rowtype = MPI.FLOAT.Create_contiguous(self.dim).Commit()
-        self.pull_dtype = pull_dtype
-        # a 16-bit copy is kept current by the PS, so the PS applies every update (even plain SGD)
-        self.stateful = optimizer.stateful or pull_dtype != "float32"
+        self.pull_dtype, self.push_dtype = pull_dtype, push_dtype
+        # a 16-bit copy is kept current by the PS, and 16-bit pushes are widened by it, so with
+        # either the PS applies every update (even plain SGD)
+        self.stateful = optimizer.stateful or pull_dtype != "float32" or push_dtype != "float32"
         self._applies = 0                       # PS: optimizer steps applied to this shard
         self._state = {}
         if self.stateful:                       # gradients are staged next to the rows
@@ -197,6 +230,15 @@ class EmbeddingTable:
             self._list_caps = [cap[r] for r in ctx.ps_world_ranks]
             self._list = Window(ctx.world, (1 + self._list_cap) * 8 if ctx.is_ps else 0,
                                 what=f"table {name!r} staged-row list")
+        self._inbox = None
+        if push_dtype != "float32":
+            # [0] int64 rows waiting, then int64 rows[cap], then uint16 grads[cap, dim]
+            # a step of sync pushes fits when each worker's rows fit in the shard
+            self._inbox_cap = min(ctx.num_workers * local_rows, PUSH_INBOX_ROWS) if ctx.is_ps else 0
+            cap = ctx.world.allgather(self._inbox_cap)
+            self._inbox_caps = [cap[r] for r in ctx.ps_world_ranks]
+            nbytes = 8 + 8 * self._inbox_cap + -(-self._inbox_cap * 2 * self.dim // 8) * 8 if ctx.is_ps else 0
+            self._inbox = Window(ctx.world, nbytes, what=f"table {name!r} {push_dtype} push inbox")
         self.track_dirty = bool(track_dirty)
         if self.track_dirty:
             self._dirty = Window(ctx.world, -(-local_rows // 8) * 8, what=f"table {name!r} dirty rows")
@@ -220,6 +262,9 @@ class EmbeddingTable:
                 self._flags.local(np.uint8)[:] = 0
                 self._list.local(np.int64)[:] = 0
                 self._list.sync()
+                if self._inbox is not None:
+                    self._inbox.local(np.int64)[:1] = 0
+                    self._inbox.sync()
                 self._stage.sync()
                 self._flags.sync()
                 self._state = new_state(optimizer, local_rows, self.dim)
@@ -293,15 +338,10 @@ class EmbeddingTable:
     # 16-bit copies of the rows (pull_dtype): bfloat16 = the top half of a float32, rounded to
     # nearest even by torch; float16 by numpy
     def _narrow(self, rows: np.ndarray) -> np.ndarray:
-        if self.pull_dtype == "float16":
-            return rows.astype(np.float16).view(np.uint16)
-        torch = _t()
-        return torch.from_numpy(np.ascontiguousarray(rows)).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+        return _narrow(rows, self.pull_dtype)
 
     def _widen(self, half: np.ndarray) -> np.ndarray:
-        if self.pull_dtype == "float16":
-            return half.view(np.float16).astype(np.float32)
-        return (half.astype(np.uint32) << 16).view(np.float32)
+        return _widen(half, self.pull_dtype)
 
     def _sync_half(self, rows: np.ndarray | None = None) -> None:
         """PS: refresh the 16-bit copy of ``rows`` (all when None) from the float32 shard. Local."""
@@ -507,15 +547,47 @@ class EmbeddingTable:
         alpha = 1.0 if self.stateful else -self.optimizer.lr_at(self.ctx.control.step)
         # ids already unique and sorted (what ShardedEmbeddingBag pushes) skip the sort
         distinct = distinct or bool(np.all(rows_p[1:] > rows_p[:-1]))
-        if (self._stage_views if self.stateful else self._views)[p] is not None:
+        shared = (self._stage_views if self.stateful else self._views)[p] is not None
+        if self.push_dtype != "float32":        # stateful: each row's summed gradient, rounded
+            uniq, sums = (rows_p, g_p) if distinct else self._sum_rows(rows_p, g_p, alpha)
+            half = _narrow(sums, self.push_dtype)
+            if shared:                          # nothing to save: add the rounded values here
+                wide = _widen(half, self.push_dtype)
+                return uniq, wide, uniq, None, alpha
+            return uniq, half, uniq, half, alpha
+        if shared:
             return rows_p, g_p, rows_p if distinct else np.unique(rows_p), None, alpha
         if distinct:
             return rows_p, g_p, rows_p, g_p if alpha == 1.0 else g_p * np.float32(alpha), alpha
+        uniq, sums = self._sum_rows(rows_p, g_p, alpha)
+        return rows_p, g_p, uniq, sums, alpha
+
+    def _sum_rows(self, rows_p: np.ndarray, g_p: np.ndarray, alpha: float):
+        """The unique rows of ``rows_p`` and ``alpha`` times the sum of each one's gradients."""
         torch = _t()
         uniq, inverse = np.unique(rows_p, return_inverse=True)
         sums = torch.zeros((uniq.size, self.dim), dtype=torch.float32)
         sums.index_add_(0, torch.from_numpy(inverse.reshape(-1)), torch.from_numpy(g_p), alpha=alpha)
-        return rows_p, g_p, uniq, sums.numpy(), alpha
+        return uniq, sums.numpy()
+
+    def _put_inbox(self, p: int, rank: int, uniq: np.ndarray, half: np.ndarray) -> bool:
+        """Worker holding PS ``p``'s shard lock: append rows ``uniq`` and their 16-bit gradients to
+        its push inbox, complete on return; False, and nothing written, when they do not fit."""
+        win, cap, k = self._inbox.win, self._inbox_caps[p], uniq.size
+        count = np.empty(1, np.int64)
+        win.Get([count, MPI.INT64_T], rank, (0, 1, MPI.INT64_T))
+        win.Flush(rank)
+        n = int(count[0])
+        if n + k > cap:
+            return False
+        rows = np.ascontiguousarray(uniq, dtype=np.int64)
+        half = np.ascontiguousarray(half)
+        win.Put([rows, MPI.INT64_T], rank, (8 + 8 * n, k, MPI.INT64_T))
+        win.Put([half, MPI.UINT16_T], rank, (8 + 8 * cap + 2 * self.dim * n, k * self.dim, MPI.UINT16_T))
+        count[0] = n + k
+        win.Put([count, MPI.INT64_T], rank, (0, 1, MPI.INT64_T))
+        win.Flush(rank)
+        return True
 
     def _push_locked(self, p: int, part) -> None:
         """Worker holding PS ``p``'s shard lock: add a prepared part (:meth:`_prepare`) into its
@@ -545,6 +617,12 @@ class EmbeddingTable:
             if self.track_versions and not self.stateful:
                 self._stamp_rows(p, rank, uniq, stamp)
             return
+        if buf.dtype == np.uint16:              # a 16-bit push: to the inbox if it fits
+            if self._put_inbox(p, rank, uniq, buf):
+                return
+            st.inbox_full += 1
+            buf = _widen(buf, self.push_dtype)
+            st.bytes_per_ps[p] += buf.nbytes - g_p.nbytes
         # every operation is issued before the first wait, so their latencies overlap: the flags
         # and list count are read first (the rows not staged yet go on the PS's list), then the
         # gradient, the marks and the list entries are written and flushed together
@@ -610,6 +688,7 @@ class EmbeddingTable:
         self._stage.sync()
         self._flags.sync()
         self._list.sync()
+        self._drain_inbox(stage, flags, listed)
         n = int(listed[0])
         rows = np.sort(listed[1:1 + n]) if n >= 0 else np.flatnonzero(flags)
         if n < 0:
@@ -626,6 +705,33 @@ class EmbeddingTable:
         self._stage.sync()
         self._flags.sync()
         return rows, grads
+
+    def _drain_inbox(self, stage: np.ndarray, flags: np.ndarray, listed: np.ndarray) -> None:
+        """PS holding its own shard lock, inside :meth:`_take_staged`: add the 16-bit pushes waiting
+        in the push inbox to the staged gradients (widened, in float32), flag and list their rows,
+        and empty the inbox. Local."""
+        if self._inbox is None:
+            return
+        self._inbox.sync()
+        head = self._inbox.local(np.int64)
+        k = int(head[0])
+        if k == 0:
+            return
+        cap, dim = self._inbox_cap, self.dim
+        rows = head[1:1 + k].copy()
+        half = self._inbox.local(np.uint16)[(8 + 8 * cap) // 2:][:cap * dim].reshape(cap, dim)[:k]
+        torch = _t()
+        torch.from_numpy(stage).index_add_(0, torch.from_numpy(rows),
+                                           torch.from_numpy(_widen(half, self.push_dtype)))
+        uniq = np.unique(rows)
+        new = uniq[flags[uniq] == 0]
+        flags[new] = 1
+        n = int(listed[0])
+        listed[0] = _listed(n, new.size, self._list_cap)
+        if listed[0] > 0:
+            listed[1 + n:1 + n + new.size] = new
+        head[0] = 0
+        self._inbox.sync()
 
     def _apply_taken(self, rows: np.ndarray, grads: np.ndarray, step: int, stamp: int | None = None) -> None:
         """PS: apply the optimizer to ``rows`` with the gradients :meth:`_take_staged` gave. Local."""
@@ -672,6 +778,8 @@ class EmbeddingTable:
             self._half.free()
         if self.track_dirty:
             self._dirty.free()
+        if self._inbox is not None:
+            self._inbox.free()
         if self.stateful:
             self._list.free()
             self._flags.free()
