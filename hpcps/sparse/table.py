@@ -80,19 +80,18 @@ def _complete(requests) -> None:
 
 
 def _narrow(rows: np.ndarray, dtype: str) -> np.ndarray:
-    """float32 ``rows`` rounded to nearest (even) ``dtype`` ("bfloat16" by torch, "float16" by
-    numpy), as their uint16 bit patterns."""
-    if dtype == "float16":
-        return rows.astype(np.float16).view(np.uint16)
+    """float32 ``rows`` rounded to nearest (even) ``dtype`` ("bfloat16" or "float16"), by torch, as
+    their uint16 bit patterns (numpy's float16 cast rounds the same but took 10x as long)."""
     torch = _t()
-    return torch.from_numpy(np.ascontiguousarray(rows)).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    half = torch.from_numpy(np.ascontiguousarray(rows)).to(getattr(torch, dtype))
+    return half.view(torch.int16).numpy().view(np.uint16)
 
 
 def _widen(half: np.ndarray, dtype: str) -> np.ndarray:
     """:func:`_narrow`'s bit patterns back to float32 (exact)."""
-    if dtype == "float16":
-        return half.view(np.float16).astype(np.float32)
-    return (half.astype(np.uint32) << 16).view(np.float32)
+    torch = _t()
+    bits = torch.from_numpy(np.ascontiguousarray(half).view(np.int16))
+    return bits.view(getattr(torch, dtype)).to(torch.float32).numpy()
 
 
 def _listed(n: int, k: int, cap: int) -> int:
