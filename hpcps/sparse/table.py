@@ -334,8 +334,7 @@ class EmbeddingTable:
         rowtype, nbytes = (self._halftype, self.dim * 2) if half else (self._rowtype, self._row_bytes)
         return rowtype.Create_hindexed_block(1, (local_rows * nbytes).tolist()).Commit()
 
-    # 16-bit copies of the rows (pull_dtype): bfloat16 = the top half of a float32, rounded to
-    # nearest even by torch; float16 by numpy
+    # 16-bit copies of the rows (pull_dtype): bfloat16 or float16, rounded to nearest even by torch
     def _narrow(self, rows: np.ndarray) -> np.ndarray:
         return _narrow(rows, self.pull_dtype)
 
