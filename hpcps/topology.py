@@ -9,6 +9,7 @@ when done, which releases the PS ranks.
 import logging
 import os
 import sys
+import time
 import traceback
 
 from mpi4py import MPI
@@ -25,6 +26,7 @@ __all__ = ["init", "Context", "TRANSPORTS"]
 logger = logging.getLogger(__name__)
 
 TRANSPORTS = ("auto", "rma")
+ABORT_GRACE_S = 0.3         # an uncaught exception's traceback gets this long to reach the launcher
 
 
 def _abort_on_uncaught(world: MPI.Comm):
@@ -33,10 +35,16 @@ def _abort_on_uncaught(world: MPI.Comm):
         return
 
     def hook(etype, value, tb):
-        sys.stderr.write(f"hpcps: uncaught exception on world rank {world.Get_rank()}, aborting the job\n")
-        traceback.print_exception(etype, value, tb)
-        sys.stderr.flush()
-        MPI.COMM_WORLD.Abort(1)
+        # one write, then a pause: the launcher forwards a rank's output while the job runs, and
+        # once MPI_Abort kills the job it may drop what it has not read yet (under load, 2 of 60
+        # launches lost the traceback after its first line, written line by line just before)
+        try:
+            sys.stderr.write(f"hpcps: uncaught exception on world rank {world.Get_rank()}, aborting the job\n"
+                             + "".join(traceback.format_exception(etype, value, tb)))
+            sys.stderr.flush()
+        finally:
+            time.sleep(ABORT_GRACE_S)
+            MPI.COMM_WORLD.Abort(1)
 
     sys.excepthook = hook
 
