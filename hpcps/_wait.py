@@ -23,13 +23,15 @@ where the ranks on this node outnumber the CPUs they may run on, else ``yield``.
 
 import ctypes
 import os
+import platform
 import sys
 import time
 
-__all__ = ["WAIT_POLICIES", "backoff", "set_policy", "wait_request"]
+__all__ = ["WAIT_POLICIES", "backoff", "set_policy", "wait_request", "sleeping", "futex_wait", "futex_wake",
+           "HAVE_FUTEX"]
 
 WAIT_POLICIES = ("auto", "yield", "sleep")
-_SPINS = 2                  # misses answered with a yield before the first sleep
+SPINS = _SPINS = 2                  # misses answered with a yield before the first sleep
 _FIRST_S, _MAX_S = 20e-6, 60e-6
 _SLACK_NS = 1000            # timer slack while the policy is sleep
 
@@ -71,3 +73,46 @@ def wait_request(req) -> None:
     while not req.Test():
         misses += 1
         backoff(misses)
+
+
+def sleeping() -> bool:
+    """Whether this process's policy is ``sleep`` (an oversubscribed node). Local."""
+    return _sleep
+
+
+# Linux futexes on words of MPI shared memory (a MAP_SHARED mapping: the kernel matches the waiter
+# and the waker by the page, whatever address each process maps it at). A rank waits on a word with
+# FUTEX_WAIT (it sleeps only while the word still holds the value it last read, so a wake that came
+# first is not lost) and is woken by another rank's FUTEX_WAKE after that rank changed the word.
+_SYS_FUTEX = {"x86_64": 202, "aarch64": 98, "ppc64le": 221, "riscv64": 98}.get(platform.machine())
+_FUTEX_WAIT, _FUTEX_WAKE = 0, 1
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+def _libc():
+    try:
+        lib = ctypes.CDLL(None, use_errno=True)
+        lib.syscall.restype = ctypes.c_long
+        return lib
+    except (OSError, AttributeError):
+        return None
+
+
+_LIBC = _libc() if sys.platform.startswith("linux") and _SYS_FUTEX and sys.byteorder == "little" else None
+HAVE_FUTEX = _LIBC is not None
+
+
+def futex_wait(addr: int, expected: int, timeout_s: float) -> None:
+    """Sleep while the int32 at ``addr`` (shared memory) equals ``expected``, until a
+    :func:`futex_wake` on it or ``timeout_s``. Returns at once if the word differs. Local."""
+    ts = _Timespec(int(timeout_s), int((timeout_s % 1) * 1e9))
+    _LIBC.syscall(_SYS_FUTEX, ctypes.c_void_p(addr), _FUTEX_WAIT, ctypes.c_int(expected), ctypes.byref(ts),
+                  None, 0)
+
+
+def futex_wake(addr: int, n: int = 1) -> None:
+    """Wake up to ``n`` ranks waiting in :func:`futex_wait` on the word at ``addr``. Local."""
+    _LIBC.syscall(_SYS_FUTEX, ctypes.c_void_p(addr), _FUTEX_WAKE, ctypes.c_int(n), None, None, 0)
