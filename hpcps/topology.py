@@ -170,9 +170,13 @@ class Context:
         misses = 0
         while not req.Test():
             if self.is_ps:
+                seen = self.control.bell()           # before looking: a ring after it is not lost
                 misses = 0 if self.control.service(self._tables) else misses + 1
                 for hook in self._service_hooks:
                     hook()
+                if seen is not None and misses > _wait.SPINS:
+                    self.control.sleep_until_rung(seen)
+                    continue
             else:
                 misses += 1
             _wait.backoff(max(misses, 1))

@@ -22,11 +22,14 @@ workers through step ``t - 1``: used before evaluation and checkpoints.
 import numpy as np
 from mpi4py import MPI
 
+from .. import _wait
 from .._wait import backoff
 from .table import apply_staged
 from .window import Window
 
-__all__ = ["parse_mode", "StepControl"]
+__all__ = ["parse_mode", "StepControl", "BELL_TIMEOUT_S"]
+
+BELL_TIMEOUT_S = 1e-3       # longest sleep on a doorbell (remote progress, ends of jobs, checkpoint polls)
 
 
 def parse_mode(mode: str) -> tuple[str, int]:
@@ -64,6 +67,13 @@ class StepControl:
                 mem = self._win.shared(r, np.int64) if r in ctx.node_ranks else None
                 if mem is not None and mem.size == 2 + W:
                     self._views[r] = mem
+        # doorbells (oversubscribed node, Linux): a waiting rank sleeps on a futex on these words
+        # instead of waking every few tens of us to poll them (hpcps/_wait.py). A worker rings each
+        # PS on its node after adding to its completion counter; a PS rings the workers after
+        # publishing a step. The PS sleeps on its counter only when every worker shares its node
+        # (a remote worker cannot ring it); every sleep ends after BELL_TIMEOUT_S anyway.
+        self.bells = _wait.HAVE_FUTEX and _wait.sleeping() and ctx.transport == "auto"
+        self.ps_bell = self.bells and ctx.is_ps and all(r in ctx.node_ranks for r in ctx.worker_world_ranks)
         self._one = np.ones(1, np.int64)
         self._res = np.zeros(1, np.int64)
         self._clocks = np.zeros(W, np.int64)
@@ -99,10 +109,15 @@ class StepControl:
 
     def _wait_applied(self, step: int) -> None:
         for rank in self.ctx.ps_world_ranks:
+            view = self._views.get(rank) if self.bells else None
             misses = 0
             while self._read(rank, 1)[0] < step:
                 misses += 1
-                backoff(misses)
+                if view is not None and misses > _wait.SPINS:
+                    # asleep until the PS publishes: the word still holds what was just read
+                    _wait.futex_wait(view.ctypes.data + 8, int(view.view(np.int32)[2]), BELL_TIMEOUT_S)
+                else:
+                    backoff(misses)
 
     def begin(self, step: int) -> int:
         """Worker, before pulling for ``step``: wait as the mode asks; returns the staleness seen. Local."""
@@ -137,12 +152,25 @@ class StepControl:
         win.Accumulate([clock, MPI.INT64_T], ps0, ((2 + self.ctx.worker_rank) * 8, 1, MPI.INT64_T),
                        op=MPI.REPLACE)
         win.Flush_all()
+        if self.bells:
+            for view in self._views.values():
+                _wait.futex_wake(view.ctypes.data)
 
     def fence(self, step: int) -> None:
         """Worker: wait until every PS applied all pushes of steps ``< step`` (all workers' ``end`` called). Local."""
         self._wait_applied(step)
 
     # ------------------------------------------------------------ PS side
+    def bell(self) -> int | None:
+        """PS: the doorbell word's value now (read before looking for work), or None when this PS
+        does not sleep on it. Local."""
+        return int(self._mine.view(np.int32)[0]) if self.ps_bell else None
+
+    def sleep_until_rung(self, seen: int) -> None:
+        """PS: sleep until a worker rings (its completion counter moved from ``seen``), at most
+        ``BELL_TIMEOUT_S``. Local."""
+        _wait.futex_wait(self._mine.ctypes.data, seen, BELL_TIMEOUT_S)
+
     def service(self, tables, final: bool = False) -> bool:
         """PS: apply what the mode allows now. ``final`` drains everything. Returns whether
         anything was applied or published (the serve loop polls faster after work). Local."""
@@ -170,6 +198,8 @@ class StepControl:
         self._win.sync()                    # the applied rows before the count that announces them
         self._mine[1] = applied
         self._win.sync()
+        if self.bells:
+            _wait.futex_wake(self._mine.ctypes.data + 8, 1 << 30)
 
     def free(self) -> None:
         """Collective over the world; safe twice."""
