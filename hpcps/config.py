@@ -68,7 +68,7 @@ class ModelConfig:
     bottom_mlp: list = field(default_factory=lambda: [64])
     top_mlp: list = field(default_factory=lambda: [64, 32])
     device: str = "cpu"         # cpu | cuda (dense layers; tables stay on the PS ranks)
-    dense_backend: str = "auto"  # auto: nccl for cuda, mpi for cpu | mpi | nccl
+    dense_backend: str = "auto"  # auto: nccl for cuda; cpu: shm if the workers share a node, else mpi | shm | mpi | nccl
     bucket_mb: float = 4.0
     threads: int = 0            # torch threads per rank; 0: this node's CPUs / its ranks (at least 1)
 
@@ -319,15 +319,15 @@ def validate(cfg: Config) -> None:
         _check(d.format != "ratings", "model.kind", m.kind, "ratings data needs model.kind = mf")
     _check(m.dim >= 1, "model.dim", m.dim, "must be >= 1")
     _check(all(x >= 1 for x in m.bottom_mlp + m.top_mlp), "model.top_mlp", m.top_mlp, "sizes must be >= 1")
-    _check(m.dense_backend in ("auto", "mpi", "nccl"), "model.dense_backend", m.dense_backend,
-           "must be auto, mpi or nccl")
+    _check(m.dense_backend in ("auto", "shm", "mpi", "nccl"), "model.dense_backend", m.dense_backend,
+           "must be auto, shm, mpi or nccl")
     _check(m.bucket_mb > 0, "model.bucket_mb", m.bucket_mb, "must be > 0")
     _check(m.threads >= 0, "model.threads", m.threads, "must be >= 0 (0: the node's CPUs / its ranks)")
     _check(m.device in ("cpu", "cuda"), "model.device", m.device, "must be cpu or cuda")
     _check(not (m.device == "cpu" and m.dense_backend == "nccl"), "model.dense_backend", m.dense_backend,
            "nccl needs model.device = cuda")
-    _check(not (m.device == "cuda" and m.dense_backend == "mpi"), "model.dense_backend", m.dense_backend,
-           "mpi all-reduces CPU tensors; use auto or nccl with model.device = cuda")
+    _check(not (m.device == "cuda" and m.dense_backend in ("mpi", "shm")), "model.dense_backend",
+           m.dense_backend, f"{m.dense_backend} all-reduces CPU tensors; use auto or nccl with model.device = cuda")
     pl = cfg.pipeline
     for key in ("prefetch", "background_push"):
         v = getattr(pl, key)

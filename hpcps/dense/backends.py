@@ -1,19 +1,24 @@
-"""All-reduce backends for DenseSync: MPI (CPU tensors) and NCCL (CUDA tensors).
+"""All-reduce backends for DenseSync: shared memory and MPI (CPU tensors), NCCL (CUDA tensors).
 
 Each backend takes a flat tensor and starts a non-blocking in-place SUM over
 the worker ranks, returning an object with ``test()`` and ``wait()``.
+``prepare(flats)`` (collective) tells it, once, the flat tensors it will be given.
 """
 
 import logging
 import os
 import socket
 
+import numpy as np
 from mpi4py import MPI
 
+from .. import _wait
 from .._wait import wait_request
 from ..errors import HpcpsError
 
-__all__ = ["MPIBackend", "NCCLBackend", "make_backend"]
+__all__ = ["MPIBackend", "NCCLBackend", "ShmBackend", "make_backend", "SHM_MAX_BYTES"]
+
+SHM_MAX_BYTES = 256 << 20     # "auto" picks the shared-memory backend up to this footprint per node
 
 logger = logging.getLogger(__name__)
 
@@ -41,12 +46,138 @@ class MPIBackend:
     def broadcast(self, tensor, root: int = 0) -> None:
         self.comm.Bcast(tensor.detach().numpy(), root=root)
 
+    def prepare(self, flats) -> None:
+        pass
+
     def allreduce_async(self, flat) -> _MPIWork:
         buf = flat.numpy()
         return _MPIWork(self.comm.Iallreduce(MPI.IN_PLACE, buf, op=MPI.SUM))
 
     def close(self) -> None:
         pass
+
+
+class _ShmWork:
+    def __init__(self, backend, b: int, target: int, flat, slots):
+        self._backend, self._b, self._target, self._flat, self._slots = backend, b, target, flat, slots
+        self._done = False
+
+    def test(self) -> bool:
+        return self._done or self._backend._count(self._b) >= self._target
+
+    def wait(self) -> None:
+        if self._done:
+            return
+        be, b = self._backend, self._b
+        misses = 0
+        while be._count(b) < self._target:
+            misses += 1
+            if be._bells and misses > _wait.SPINS:     # asleep until the last worker in rings
+                _wait.futex_wait(be._addr(b), int(be._words32[2 * b]), be.BELL_TIMEOUT_S)
+            else:
+                _wait.backoff(misses)
+        import torch
+        torch.sum(self._slots, dim=0, out=self._flat)  # the same order on every worker: equal bits
+        self._done = True
+
+
+class ShmBackend:
+    """All-reduce through a shared-memory window, for CPU tensors when every worker of ``comm``
+    is on one node. Collective over ``comm`` (construction, :meth:`prepare`, :meth:`close`).
+
+    Worker ``w`` copies bucket ``b`` into its slot (one of two, by the parity of the bucket's
+    call count) and adds 1 to the bucket's arrival counter with an MPI atomic; once all ``W``
+    arrived, each worker sums the ``W`` slots in worker order into its bucket, so every replica
+    gets the same bits. Nothing waits for a rank to enter MPI: a worker that arrives early sleeps
+    on the counter (a futex on an oversubscribed node, woken by the last to arrive; else it polls
+    with yields), where ``MPI_Iallreduce`` progressed only while every rank polled it. A slot of
+    one parity is written again two calls later, when every worker has read it (it arrived at
+    the call in between after summing). Memory: ``2 x W`` copies of the buckets, on the node.
+    """
+
+    name = "shm"
+    BELL_TIMEOUT_S = 1e-3
+
+    def __init__(self, comm: MPI.Comm):
+        local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        together = local.Get_size() == comm.Get_size()
+        local.Free()
+        if not together:
+            raise ValueError("dense backend 'shm' needs every worker on one node; use mpi")
+        self.comm = comm
+        self.device = "cpu"
+        self._win = None
+        self._bells = _wait.HAVE_FUTEX and _wait.sleeping()
+
+    def broadcast(self, tensor, root: int = 0) -> None:
+        self.comm.Bcast(tensor.detach().numpy(), root=root)
+
+    def prepare(self, flats) -> None:
+        """Allocate the slots for ``flats`` (the buckets, in order). Collective over ``comm``."""
+        import torch
+        from ..sparse.window import Window
+        for f in flats:
+            if f.device.type != "cpu" or f.dtype not in (torch.float32, torch.float64):
+                raise ValueError(f"dense backend 'shm' all-reduces float32/float64 CPU tensors, got "
+                                 f"{f.dtype} on {f.device}")
+        W, me = self.comm.Get_size(), self.comm.Get_rank()
+        self._index, self._slots, self._calls = {}, [], []
+        if not flats:                           # nothing to all-reduce: no window
+            return
+        head = -(-8 * len(flats) // 64) * 64
+        offsets, nbytes = [], head
+        for f in flats:
+            offsets.append(nbytes)
+            nbytes += 2 * W * f.numel() * f.element_size()
+        self._win = Window(self.comm, nbytes if me == 0 else 0, what="dense all-reduce")
+        mem = self._win.shared(0, np.uint8)
+        if mem is None:
+            raise HpcpsError("dense backend 'shm': this MPI cannot map the window's shared memory")
+        if me == 0:
+            mem[:head] = 0
+        self._win.sync()
+        self.comm.Barrier()
+        self._words = mem[:head].view(np.int64)
+        self._words32 = mem[:head].view(np.int32)
+        self._base = mem.ctypes.data
+        self._calls = [0] * len(flats)
+        for b, (f, off) in enumerate(zip(flats, offsets)):
+            n = f.numel()
+            arr = torch.from_numpy(mem[off:off + 2 * W * n * f.element_size()].view(f.numpy().dtype))
+            self._slots.append(arr.view(2, W, n))
+            self._index[f.data_ptr()] = b
+        self._one = np.ones(1, np.int64)
+        self._old = np.zeros(1, np.int64)
+
+    def _count(self, b: int) -> int:
+        self._win.sync()
+        return int(self._words[b])
+
+    def _addr(self, b: int) -> int:
+        return self._base + 8 * b
+
+    def allreduce_async(self, flat) -> _ShmWork:
+        b = self._index.get(flat.data_ptr())
+        if b is None:
+            raise ValueError("dense backend 'shm': allreduce_async of a tensor not given to prepare()")
+        W, me = self.comm.Get_size(), self.comm.Get_rank()
+        g = self._calls[b]
+        self._calls[b] = g + 1
+        slots = self._slots[b][g % 2]
+        slots[me].copy_(flat)
+        win = self._win.win
+        self._win.sync()                        # the slot before the count that announces it
+        win.Fetch_and_op(self._one, self._old, 0, 8 * b, MPI.SUM)
+        win.Flush(0)
+        target = W * (g + 1)
+        if self._bells and int(self._old[0]) + 1 == target:
+            _wait.futex_wake(self._addr(b), W)
+        return _ShmWork(self, b, target, flat, slots)
+
+    def close(self) -> None:
+        if self._win is not None:
+            self._win.free()
+            self._win = None
 
 
 class _NCCLWork:
@@ -105,6 +236,9 @@ class NCCLBackend:
     def broadcast(self, tensor, root: int = 0) -> None:
         self._dist.broadcast(tensor.data, src=root, group=self.group)
 
+    def prepare(self, flats) -> None:
+        pass
+
     def allreduce_async(self, flat) -> _NCCLWork:
         return _NCCLWork(self._dist.all_reduce(flat, op=self._dist.ReduceOp.SUM, group=self.group,
                                                async_op=True))
@@ -114,14 +248,24 @@ class NCCLBackend:
             self._dist.destroy_process_group()
 
 
-def make_backend(name: str, comm: MPI.Comm, device) -> "MPIBackend | NCCLBackend":
-    """``auto`` picks NCCL for CUDA modules, MPI otherwise. Collective over ``comm``."""
+def make_backend(name: str, comm: MPI.Comm, device, nbytes: int = 0) -> "MPIBackend | NCCLBackend | ShmBackend":
+    """``auto`` picks NCCL for CUDA modules; for CPU ones shared memory when every worker is on
+    one node and its ``2 x workers x nbytes`` (the buckets' bytes) fit in ``SHM_MAX_BYTES``, else
+    MPI. Collective over ``comm``."""
+    cpu = getattr(device, "type", str(device)) == "cpu"
     if name == "auto":
-        name = "nccl" if getattr(device, "type", str(device)) == "cuda" else "mpi"
+        name = "mpi" if cpu else "nccl"
+        if cpu and 2 * comm.Get_size() * nbytes <= SHM_MAX_BYTES:
+            local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+            if local.Get_size() == comm.Get_size():
+                name = "shm"
+            local.Free()
+    if name in ("mpi", "shm") and not cpu:
+        raise ValueError(f"dense backend '{name}' needs CPU tensors, the module is on {device}")
     if name == "mpi":
-        if getattr(device, "type", str(device)) != "cpu":
-            raise ValueError(f"dense backend 'mpi' needs CPU tensors, the module is on {device}")
         return MPIBackend(comm)
+    if name == "shm":
+        return ShmBackend(comm)
     if name == "nccl":
         return NCCLBackend(comm)
-    raise ValueError(f"dense backend must be auto, mpi or nccl, got {name!r}")
+    raise ValueError(f"dense backend must be auto, shm, mpi or nccl, got {name!r}")

@@ -29,7 +29,8 @@ class _Bucket:
 class DenseSync(torch.nn.Module):
     """Wrap ``module`` (on worker ranks). Collective over ``comm`` (the worker communicator).
 
-    backend: ``"auto"`` (NCCL for CUDA modules, MPI for CPU), ``"mpi"`` or ``"nccl"``.
+    backend: ``"auto"`` (NCCL for CUDA modules; for CPU ones shared memory when every worker is
+    on one node, else MPI), ``"shm"``, ``"mpi"`` or ``"nccl"`` (``hpcps.dense.backends``).
     bucket_mb: bucket size in MiB. Call ``synchronize()`` after ``backward()``
     and before ``optimizer.step()``: gradients are then the average over workers.
     """
@@ -41,11 +42,7 @@ class DenseSync(torch.nn.Module):
         self.module = module
         params = [p for p in module.parameters() if p.requires_grad]
         device = params[0].device if params else torch.device("cpu")
-        self.backend = make_backend(backend, comm, device)
         self.size = comm.Get_size()
-        with torch.no_grad():
-            for t in list(module.parameters()) + list(module.buffers()):
-                self.backend.broadcast(t, root=0)
         self._buckets = []
         limit = int(bucket_mb * 2 ** 20)
         current, nbytes = [], 0
@@ -57,6 +54,12 @@ class DenseSync(torch.nn.Module):
             nbytes += p.numel() * p.element_size()
         if current:
             self._buckets.append(_Bucket(current, device, current[0].dtype))
+        nbytes = sum(b.flat.numel() * b.flat.element_size() for b in self._buckets)
+        self.backend = make_backend(backend, comm, device, nbytes=nbytes)
+        self.backend.prepare([b.flat for b in self._buckets])
+        with torch.no_grad():
+            for t in list(module.parameters()) + list(module.buffers()):
+                self.backend.broadcast(t, root=0)
         self._bucket_of = {}
         for b in self._buckets:
             for p in b.params:
@@ -120,5 +123,5 @@ class DenseSync(torch.nn.Module):
         self.stats["wait_seconds"] += time.perf_counter() - t0
 
     def close(self) -> None:
-        """Release the backend (NCCL process group). Collective over ``comm``."""
+        """Release the backend (NCCL process group, shared-memory window). Collective over ``comm``."""
         self.backend.close()

@@ -18,17 +18,19 @@ def _net(seed):
 
 
 @pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("backend", ["mpi", "shm"])
 @pytest.mark.parametrize("bucket_mb", [1e-4, 4.0])          # many small buckets, or one
-def test_dense_sync_equals_average(bucket_mb):
+def test_dense_sync_equals_average(bucket_mb, backend):
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
     net = _net(seed=100 + rank)                              # different on purpose
-    ds = DenseSync(net, comm, backend="mpi", bucket_mb=bucket_mb)
+    ds = DenseSync(net, comm, backend=backend, bucket_mb=bucket_mb)
+    assert ds.backend.name == backend
     w0 = comm.allgather([p.detach().clone() for p in net.parameters()])
     for mine, first in zip(w0[rank], w0[0]):
         assert torch.equal(mine, first)                      # broadcast from worker 0
-    x = torch.randn(16, 7, generator=torch.Generator().manual_seed(rank))
-    for _ in range(2):                                       # twice: buckets reset between steps
+    for step in range(5):                                    # buckets reset between steps; shm slots alternate
+        x = torch.randn(16, 7, generator=torch.Generator().manual_seed(10 * step + rank))
         net.zero_grad()
         net(x).pow(2).mean().backward()
         local = [p.grad.clone() for p in net.parameters()]
@@ -37,19 +39,43 @@ def test_dense_sync_equals_average(bucket_mb):
         for i, p in enumerate(net.parameters()):
             expected = sum(g[i] for g in every) / comm.Get_size()
             torch.testing.assert_close(p.grad, expected, rtol=1e-6, atol=1e-7)
+        if backend == "shm":                                 # one order of summation: equal bits everywhere
+            mine = [p.grad.clone() for p in net.parameters()]
+            for other in comm.allgather(mine):
+                assert all(torch.equal(a, b) for a, b in zip(mine, other))
     if bucket_mb < 1:
         assert len(ds._buckets) >= 3 and ds.stats["overlapped"] > 0   # started during backward
+    ds.close()
 
 
 @pytest.mark.mpi(min_size=2)
-def test_dense_sync_unused_parameter_contributes_zero():
+@pytest.mark.parametrize("backend", ["mpi", "shm"])
+def test_dense_sync_unused_parameter_contributes_zero(backend):
     comm = MPI.COMM_WORLD
     net = torch.nn.ModuleDict({"used": torch.nn.Linear(3, 1), "unused": torch.nn.Linear(3, 1)})
-    ds = DenseSync(net, comm, backend="mpi", bucket_mb=1e-5)
+    ds = DenseSync(net, comm, backend=backend, bucket_mb=1e-5)
     net["used"](torch.ones(2, 3)).sum().backward()
     ds.synchronize()
     assert torch.count_nonzero(net["unused"].weight.grad) == 0
     torch.testing.assert_close(net["used"].weight.grad, torch.full((1, 3), 2.0))
+    ds.close()
+
+
+@pytest.mark.mpi(min_size=1)
+def test_dense_backend_auto_on_one_node_is_shared_memory():
+    """Every rank of this suite runs on one node: ``auto`` picks the shared-memory all-reduce for
+    CPU modules, unless its 2 x workers copies of the buckets would exceed SHM_MAX_BYTES."""
+    from hpcps.dense import backends
+    comm = MPI.COMM_WORLD
+    ds = DenseSync(_net(seed=1), comm, backend="auto")
+    assert ds.backend.name == "shm"
+    ds.close()
+    big = backends.make_backend("auto", comm, "cpu", nbytes=backends.SHM_MAX_BYTES)
+    assert big.name == "mpi"
+    with pytest.raises(ValueError, match="not given to prepare"):
+        small = backends.make_backend("shm", comm, "cpu")
+        small.prepare([])
+        small.allreduce_async(torch.zeros(3))
 
 
 @pytest.mark.mpi(min_size=1)
