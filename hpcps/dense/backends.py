@@ -76,6 +76,7 @@ class _ShmWork:
                 _wait.futex_wait(be._addr(b), int(be._words32[2 * b]), be.BELL_TIMEOUT_S)
             else:
                 _wait.backoff(misses)
+        be._win.sync()                                 # the count before the slots it announces
         import torch
         torch.sum(self._slots, dim=0, out=self._flat)  # the same order on every worker: equal bits
         self._done = True
