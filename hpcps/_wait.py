@@ -27,11 +27,11 @@ import platform
 import sys
 import time
 
-__all__ = ["WAIT_POLICIES", "backoff", "set_policy", "wait_request", "sleeping", "futex_wait", "futex_wake",
-           "HAVE_FUTEX"]
+__all__ = ["WAIT_POLICIES", "backoff", "set_policy", "wait_request", "bells", "pause", "futex_wait", "futex_wake",
+           "HAVE_FUTEX", "BELL_TIMEOUT_S"]
 
 WAIT_POLICIES = ("auto", "yield", "sleep")
-SPINS = _SPINS = 2                  # misses answered with a yield before the first sleep
+_SPINS = 2                  # misses answered with a yield before the first sleep
 _FIRST_S, _MAX_S = 20e-6, 60e-6
 _SLACK_NS = 1000            # timer slack while the policy is sleep
 
@@ -75,9 +75,22 @@ def wait_request(req) -> None:
         backoff(misses)
 
 
-def sleeping() -> bool:
-    """Whether this process's policy is ``sleep`` (an oversubscribed node). Local."""
-    return _sleep
+def bells() -> bool:
+    """Whether waits sleep on doorbells (:func:`pause` with a word): the ``sleep`` policy, on a
+    system with futexes. Local."""
+    return HAVE_FUTEX and _sleep
+
+
+def pause(misses: int, word: int | None = None, seen: int = 0) -> None:
+    """:func:`backoff` after the ``misses``-th fruitless poll; or, given a doorbell ``word`` (the
+    address of a word in shared memory that another rank changes, then rings) and ``seen`` (its
+    value in that poll), once the first yields are spent sleep until it is rung or holds something
+    else, at most ``BELL_TIMEOUT_S``. ``seen`` must be what the poll read, not a later read: a
+    ring between the two would be lost. Local."""
+    if word is not None and misses > _SPINS:
+        futex_wait(word, (seen + (1 << 31)) % (1 << 32) - (1 << 31), BELL_TIMEOUT_S)   # its low 32 bits
+    else:
+        backoff(misses)
 
 
 # Linux futexes on words of MPI shared memory (a MAP_SHARED mapping: the kernel matches the waiter
@@ -86,6 +99,7 @@ def sleeping() -> bool:
 # first is not lost) and is woken by another rank's FUTEX_WAKE after that rank changed the word.
 _SYS_FUTEX = {"x86_64": 202, "aarch64": 98, "ppc64le": 221, "riscv64": 98}.get(platform.machine())
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1
+BELL_TIMEOUT_S = 1e-3       # longest sleep on a doorbell (remote progress, ends of jobs, checkpoint polls)
 
 
 class _Timespec(ctypes.Structure):

@@ -169,17 +169,14 @@ class Context:
         req = self.world.Ibarrier()
         misses = 0
         while not req.Test():
+            seen = self.control.bell()               # before looking: a ring after it is not lost
             if self.is_ps:
-                seen = self.control.bell()           # before looking: a ring after it is not lost
                 misses = 0 if self.control.service(self._tables) else misses + 1
                 for hook in self._service_hooks:
                     hook()
-                if seen is not None and misses > _wait.SPINS:
-                    self.control.sleep_until_rung(seen)
-                    continue
             else:
                 misses += 1
-            _wait.backoff(max(misses, 1))
+            _wait.pause(max(misses, 1), self.control.bell_word, seen)
         if self.is_ps:                       # every push is in: apply whatever is still staged
             self.control.service(self._tables, final=True)
             for hook in self._service_hooks:

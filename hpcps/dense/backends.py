@@ -57,6 +57,14 @@ class MPIBackend:
         pass
 
 
+def _one_node(comm: MPI.Comm) -> bool:
+    """Whether every rank of ``comm`` is on one node. Collective over ``comm``."""
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    together = local.Get_size() == comm.Get_size()
+    local.Free()
+    return together
+
+
 class _ShmWork:
     def __init__(self, backend, b: int, target: int, flat, slots):
         self._backend, self._b, self._target, self._flat, self._slots = backend, b, target, flat, slots
@@ -69,13 +77,11 @@ class _ShmWork:
         if self._done:
             return
         be, b = self._backend, self._b
+        word = be._addr(b) if be._bells else None       # asleep until the last worker in rings
         misses = 0
-        while be._count(b) < self._target:
+        while (arrived := be._count(b)) < self._target:
             misses += 1
-            if be._bells and misses > _wait.SPINS:     # asleep until the last worker in rings
-                _wait.futex_wait(be._addr(b), int(be._words32[2 * b]), be.BELL_TIMEOUT_S)
-            else:
-                _wait.backoff(misses)
+            _wait.pause(misses, word, arrived)
         be._win.sync()                                 # the count before the slots it announces
         import torch
         torch.sum(self._slots, dim=0, out=self._flat)  # the same order on every worker: equal bits
@@ -97,18 +103,14 @@ class ShmBackend:
     """
 
     name = "shm"
-    BELL_TIMEOUT_S = 1e-3
 
     def __init__(self, comm: MPI.Comm):
-        local = comm.Split_type(MPI.COMM_TYPE_SHARED)
-        together = local.Get_size() == comm.Get_size()
-        local.Free()
-        if not together:
+        if not _one_node(comm):
             raise ValueError("dense backend 'shm' needs every worker on one node; use mpi")
         self.comm = comm
         self.device = "cpu"
         self._win = None
-        self._bells = _wait.HAVE_FUTEX and _wait.sleeping()
+        self._bells = _wait.bells()
 
     def broadcast(self, tensor, root: int = 0) -> None:
         self.comm.Bcast(tensor.detach().numpy(), root=root)
@@ -139,7 +141,6 @@ class ShmBackend:
         self._win.sync()
         self.comm.Barrier()
         self._words = mem[:head].view(np.int64)
-        self._words32 = mem[:head].view(np.int32)
         self._base = mem.ctypes.data
         self._calls = [0] * len(flats)
         for b, (f, off) in enumerate(zip(flats, offsets)):
@@ -256,11 +257,8 @@ def make_backend(name: str, comm: MPI.Comm, device, nbytes: int = 0) -> "MPIBack
     cpu = getattr(device, "type", str(device)) == "cpu"
     if name == "auto":
         name = "mpi" if cpu else "nccl"
-        if cpu and 2 * comm.Get_size() * nbytes <= SHM_MAX_BYTES:
-            local = comm.Split_type(MPI.COMM_TYPE_SHARED)
-            if local.Get_size() == comm.Get_size():
-                name = "shm"
-            local.Free()
+        if cpu and 2 * comm.Get_size() * nbytes <= SHM_MAX_BYTES and _one_node(comm):
+            name = "shm"
     if name in ("mpi", "shm") and not cpu:
         raise ValueError(f"dense backend '{name}' needs CPU tensors, the module is on {device}")
     if name == "mpi":

@@ -27,9 +27,7 @@ from .._wait import backoff
 from .table import apply_staged
 from .window import Window
 
-__all__ = ["parse_mode", "StepControl", "BELL_TIMEOUT_S"]
-
-BELL_TIMEOUT_S = 1e-3       # longest sleep on a doorbell (remote progress, ends of jobs, checkpoint polls)
+__all__ = ["parse_mode", "StepControl"]
 
 
 def parse_mode(mode: str) -> tuple[str, int]:
@@ -71,9 +69,10 @@ class StepControl:
         # instead of waking every few tens of us to poll them (hpcps/_wait.py). A worker rings each
         # PS on its node after adding to its completion counter; a PS rings the workers after
         # publishing a step. The PS sleeps on its counter only when every worker shares its node
-        # (a remote worker cannot ring it); every sleep ends after BELL_TIMEOUT_S anyway.
-        self.bells = _wait.HAVE_FUTEX and _wait.sleeping() and ctx.transport == "auto"
-        self.ps_bell = self.bells and ctx.is_ps and all(r in ctx.node_ranks for r in ctx.worker_world_ranks)
+        # (a remote worker cannot ring it); every sleep ends after _wait.BELL_TIMEOUT_S anyway.
+        self.bells = _wait.bells() and ctx.transport == "auto"
+        ps_bell = self.bells and ctx.is_ps and all(r in ctx.node_ranks for r in ctx.worker_world_ranks)
+        self.bell_word = self._mine.ctypes.data if ps_bell else None   # PS: its counter, or None
         self._one = np.ones(1, np.int64)
         self._res = np.zeros(1, np.int64)
         self._clocks = np.zeros(W, np.int64)
@@ -110,14 +109,11 @@ class StepControl:
     def _wait_applied(self, step: int) -> None:
         for rank in self.ctx.ps_world_ranks:
             view = self._views.get(rank) if self.bells else None
+            word = view.ctypes.data + 8 if view is not None else None     # asleep until the PS publishes
             misses = 0
-            while self._read(rank, 1)[0] < step:
+            while (applied := int(self._read(rank, 1)[0])) < step:
                 misses += 1
-                if view is not None and misses > _wait.SPINS:
-                    # asleep until the PS publishes: the word still holds what was just read
-                    _wait.futex_wait(view.ctypes.data + 8, int(view.view(np.int32)[2]), BELL_TIMEOUT_S)
-                else:
-                    backoff(misses)
+                _wait.pause(misses, word, applied)
 
     def begin(self, step: int) -> int:
         """Worker, before pulling for ``step``: wait as the mode asks; returns the staleness seen. Local."""
@@ -161,15 +157,10 @@ class StepControl:
         self._wait_applied(step)
 
     # ------------------------------------------------------------ PS side
-    def bell(self) -> int | None:
-        """PS: the doorbell word's value now (read before looking for work), or None when this PS
-        does not sleep on it. Local."""
-        return int(self._mine.view(np.int32)[0]) if self.ps_bell else None
-
-    def sleep_until_rung(self, seen: int) -> None:
-        """PS: sleep until a worker rings (its completion counter moved from ``seen``), at most
-        ``BELL_TIMEOUT_S``. Local."""
-        _wait.futex_wait(self._mine.ctypes.data, seen, BELL_TIMEOUT_S)
+    def bell(self) -> int:
+        """PS that sleeps on ``bell_word``: its value now, to read before looking for work and
+        give to ``_wait.pause`` (0 on other ranks). Local."""
+        return int(self._mine[0]) if self.bell_word is not None else 0
 
     def service(self, tables, final: bool = False) -> bool:
         """PS: apply what the mode allows now. ``final`` drains everything. Returns whether
