@@ -168,16 +168,17 @@ class Adagrad(SparseOptimizer):
     def apply(self, w, state, rows, g, step, count):
         g = self.clip(g)
         acc = state["sum"]
-        # index_select / index_copy_: the same values as acc[rows] / acc[rows] = s, at ~3/4 of the cost
+        # index_select / index_copy_: the same values as acc[rows] / acc[rows] = s, at ~3/4 of the cost;
+        # in-place addcmul_ / sqrt_ / addcdiv_ on the gathered copies: 7 passes over the rows, not 10
         if self.rowwise:
             s = acc.index_select(0, rows).add_(g.pow(2).mean(dim=1))
             acc.index_copy_(0, rows, s)
-            w.index_copy_(0, rows, w.index_select(0, rows).addcdiv_(g, s.sqrt().add_(self.eps).unsqueeze(1),
-                                                                    value=-self.lr_at(step)))
+            std = s.sqrt_().add_(self.eps).unsqueeze(1)
         else:
-            s = acc.index_select(0, rows).add_(g.pow(2))
+            s = acc.index_select(0, rows).addcmul_(g, g)
             acc.index_copy_(0, rows, s)
-            w.index_copy_(0, rows, w.index_select(0, rows).add_(g / s.sqrt().add_(self.eps), alpha=-self.lr_at(step)))
+            std = s.sqrt_().add_(self.eps)
+        w.index_copy_(0, rows, w.index_select(0, rows).addcdiv_(g, std, value=-self.lr_at(step)))
 
 
 @dataclass(frozen=True)
