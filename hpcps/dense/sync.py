@@ -5,7 +5,8 @@ order, roughly the order backward produces them); a full bucket starts a
 non-blocking all-reduce at once, so communication overlaps the rest of
 backward. ``synchronize()`` completes the remaining buckets and writes the
 averaged gradients back. Initial parameters and buffers are broadcast from
-worker 0.
+worker 0. With one worker nothing is copied or reduced: ``synchronize()`` only
+gives unused parameters a zero gradient, as it does with more workers.
 """
 
 import time
@@ -61,10 +62,13 @@ class DenseSync(torch.nn.Module):
             for t in list(module.parameters()) + list(module.buffers()):
                 self.backend.broadcast(t, root=0)
         self._bucket_of = {}
+        # one worker: its gradients are the average already, so no hook copies them into buckets
+        self._solo = self.size == 1
         for b in self._buckets:
             for p in b.params:
                 self._bucket_of[p] = b
-                p.register_post_accumulate_grad_hook(self._on_grad)
+                if not self._solo:
+                    p.register_post_accumulate_grad_hook(self._on_grad)
         self._next = 0                              # first bucket not yet started this step
         self.stats = {"allreduce_calls": 0, "bytes": 0, "wait_seconds": 0.0, "overlapped": 0}
 
@@ -103,6 +107,13 @@ class DenseSync(torch.nn.Module):
         """Finish every bucket and set each gradient to the average over workers. Local to the
         call site but pairs with the same call on every worker (collective over ``comm``)."""
         t0 = time.perf_counter()
+        if self._solo:
+            for b in self._buckets:
+                for p in b.params:
+                    if p.grad is None:               # unused this step: a zero gradient, as with more workers
+                        p.grad = torch.zeros_like(p)
+            self.stats["wait_seconds"] += time.perf_counter() - t0
+            return
         self.stats["overlapped"] += self._next
         for b in self._buckets[self._next:]:        # not started in backward (unused params: zeros)
             self._start(b)

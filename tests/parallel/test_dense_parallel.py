@@ -50,6 +50,24 @@ def test_dense_sync_equals_average(bucket_mb, backend):
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("backend", ["mpi", "shm"])
+def test_dense_sync_one_worker_leaves_gradients_alone(backend):
+    # each rank alone (COMM_SELF): the average of one is the gradient itself, bit for bit, with
+    # nothing copied or reduced; an unused parameter still gets a zero gradient
+    net = torch.nn.ModuleDict({"used": torch.nn.Linear(3, 2), "unused": torch.nn.Linear(3, 1)})
+    ds = DenseSync(net, MPI.COMM_SELF, backend=backend, bucket_mb=1e-5)
+    for step in range(3):
+        net.zero_grad(set_to_none=True)
+        net["used"](torch.randn(4, 3, generator=torch.Generator().manual_seed(step))).pow(2).sum().backward()
+        local = [p.grad.clone() for p in net["used"].parameters()]
+        ds.synchronize()
+        assert all(torch.equal(p.grad, g) for p, g in zip(net["used"].parameters(), local))
+        assert all(p.grad is not None and torch.count_nonzero(p.grad) == 0 for p in net["unused"].parameters())
+    assert ds.stats["allreduce_calls"] == 0 and ds.stats["bytes"] == 0
+    ds.close()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("backend", ["mpi", "shm"])
 def test_dense_sync_unused_parameter_contributes_zero(backend):
     comm = MPI.COMM_WORLD
     net = torch.nn.ModuleDict({"used": torch.nn.Linear(3, 1), "unused": torch.nn.Linear(3, 1)})
