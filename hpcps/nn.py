@@ -221,14 +221,17 @@ class ShardedEmbeddingBag(torch.nn.Module):
 
 
 class ShardedEmbeddingCollection(torch.nn.Module):
-    """Several :class:`ShardedEmbeddingBag` of one dim looked up together, one id per sample and
-    table (DLRM's categorical features). Worker ranks; local.
+    """Several embedding tables of one dim looked up together, one id per sample and table (DLRM's
+    categorical features). Worker ranks; local.
 
-    ``forward([ids of table 0, ids of table 1, ...])`` (each ``(B,)`` or ``(B, 1)``) returns
-    ``(B, tables, dim)``: what stacking the bags' outputs gives, with the same gradients. Each bag
-    still pulls its own rows (with its prefetch and cache); the rows of all tables then form one
-    leaf tensor, read by one gather, whose gradient one hook splits and pushes per table.
-    So a step costs one autograd node and one hook instead of one per table.
+    ``bags``: :class:`ShardedEmbeddingBag` modules. A bag over a table made with ``segments``
+    serves one logical table per segment (the table-batched layout ``hpcps train`` uses: one
+    pull, one push and one optimizer apply per step for all of them); any other bag serves one.
+    ``forward([ids of table 0, ids of table 1, ...])`` takes one ``(B,)`` or ``(B, 1)`` tensor
+    per logical table and returns ``(B, tables, dim)``: what stacking separate bags' outputs
+    gives, with the same gradients. Each bag pulls its rows (with its prefetch and cache); the
+    rows of all bags form one leaf tensor, read by one gather, whose gradient one hook splits and
+    pushes per bag. So a step costs one autograd node and one hook instead of one per table.
     """
 
     def __init__(self, bags):
@@ -241,12 +244,22 @@ class ShardedEmbeddingCollection(torch.nn.Module):
             raise ValueError(f"ShardedEmbeddingCollection: every table must have one dim, got {sorted(dims)}")
         self.embedding_dim = dims.pop()
         self.device = self.bags[0].device
-        self._rows = np.array([b.num_embeddings for b in self.bags], np.int64)
-        self._bounds = np.concatenate([[0], np.cumsum(self._rows)])   # table j's rows are keys [b[j], b[j+1])
+        # the logical tables, in order: each bag's segments (or the bag's table itself)
+        parts = [(j, seg, int(r)) for j, b in enumerate(self.bags)
+                 for seg, r in (b.table.segments or ((b.table.name, b.num_embeddings),))]
+        self._names = [seg for _, seg, _ in parts]
+        self._bag_of = np.array([j for j, _, _ in parts])
+        self._rows = np.array([r for _, _, r in parts], np.int64)
+        # one key space: logical table t's row i is key _bounds[t] + i; bag j's keys are
+        # [_bag_bounds[j], _bag_bounds[j + 1]), its table's rows in order
+        self._bounds = np.concatenate([[0], np.cumsum(self._rows)])
+        self._bag_bounds = np.concatenate([[0], np.cumsum([b.num_embeddings for b in self.bags])])
+        self._tables_of = [np.flatnonzero(self._bag_of == j) for j in range(len(self.bags))]
         self._seen = self._slot = None       # the one-pass unique's scratch (_unique), made on first use
 
     def __len__(self) -> int:
-        return len(self.bags)
+        """The number of logical tables (what ``forward`` takes ids for). Local."""
+        return len(self._names)
 
     def _together(self) -> bool:
         """Whether this step's pulls can go in one pass (:meth:`_pull_together`): no bag has a cache
@@ -268,48 +281,65 @@ class ShardedEmbeddingCollection(torch.nn.Module):
         self._slot[uniq] = np.arange(uniq.size)
         return uniq, self._slot[keys]
 
-    def _pull_together(self, ids):
-        """Every table's distinct rows for ``ids`` (one ``(B,)`` int array per table) in one pass:
-        one check of all ids, one unique over all tables, each table's rows read straight into one
-        buffer. Returns ``(rows, index, uniqs, starts, sizes)``: what the per-bag path gives."""
-        M = as_id_rows([b.table.name for b in self.bags], ids, self._rows)   # (tables, samples)
+    def _keys(self, inputs) -> np.ndarray:
+        """The ids of every logical table, checked, as keys: an int64 ``(tables, samples)`` array."""
+        if len(inputs) != len(self._names):
+            raise ValueError(f"ShardedEmbeddingCollection: {len(self._names)} tables, got ids for {len(inputs)}")
+        flat = [torch.as_tensor(x).reshape(-1).cpu().numpy() for x in inputs]
+        n = flat[0].size
+        if any(x.size != n for x in flat):
+            raise ValueError(f"ShardedEmbeddingCollection: every table needs one id per sample, got "
+                             f"{[x.size for x in flat]} ids")
+        M = as_id_rows(self._names, flat, self._rows)          # (tables, samples)
         M += self._bounds[:-1, None]
+        return M
+
+    def _bag_ids(self, M: np.ndarray, j: int) -> np.ndarray:
+        """Bag ``j``'s rows for keys ``M``: its logical tables' keys, table by table, as rows of its table."""
+        return (M[self._tables_of[j]] - self._bag_bounds[j]).reshape(-1)
+
+    def _pull_together(self, M):
+        """Every bag's distinct rows for keys ``M`` in one pass: one unique over all tables, each
+        bag's rows read straight into one buffer. Returns ``(rows, index, uniqs, starts, sizes)``:
+        what the per-bag path gives."""
         uniq, index = self._unique(M)
         index = np.ascontiguousarray(index.T)                   # (samples, tables), as the gather reads it
-        cut = np.searchsorted(uniq, self._bounds).tolist()
+        cut = np.searchsorted(uniq, self._bag_bounds).tolist()
         rows = np.empty((uniq.size, self.embedding_dim), np.float32)
         uniqs = []
         for j, b in enumerate(self.bags):
             t0 = time.perf_counter()
-            part = uniq[cut[j]:cut[j + 1]] - self._bounds[j]
+            part = uniq[cut[j]:cut[j + 1]] - self._bag_bounds[j]
             b.table._gather_local(part, rows[cut[j]:cut[j + 1]])
             uniqs.append(part)
             b.pull_wait_s += time.perf_counter() - t0
         sizes = [u.size for u in uniqs]
         return rows, index, uniqs, cut[:-1], sizes
 
+    def prefetch(self, inputs, step: int, refresh_above: int | None = None) -> None:
+        """Start each bag's pull for the forward of ``step`` on ``inputs`` (as ``forward`` takes
+        them); see :meth:`ShardedEmbeddingBag.prefetch`. Local."""
+        M = self._keys(inputs)
+        for j, b in enumerate(self.bags):
+            b.prefetch(self._bag_ids(M, j), step, refresh_above=refresh_above)
+
     def forward(self, inputs) -> torch.Tensor:
-        if len(inputs) != len(self.bags):
-            raise ValueError(f"ShardedEmbeddingCollection: {len(self.bags)} tables, got ids for {len(inputs)}")
-        ids = [torch.as_tensor(x).reshape(-1) for x in inputs]
-        n = ids[0].numel()
-        if any(x.numel() != n for x in ids):
-            raise ValueError(f"ShardedEmbeddingCollection: every table needs one id per sample, got "
-                             f"{[x.numel() for x in ids]} ids")
+        M = self._keys(inputs)
+        n = M.shape[1]
         together = self._together()
         if together:
-            flat = [x.cpu().numpy() for x in ids]
-            rows, index, uniqs, starts, sizes = self._pull_together(flat)
+            rows, index, uniqs, starts, sizes = self._pull_together(M)
             rows = torch.from_numpy(rows)
         else:
-            found = [b._lookup(x) for b, x in zip(self.bags, ids)]
+            found = [b._lookup(torch.from_numpy(self._bag_ids(M, j))) for j, b in enumerate(self.bags)]
             uniqs = [p.uniq for p, _ in found]
             sizes = [u.size for u in uniqs]
             starts = np.cumsum([0] + sizes[:-1]).tolist()
             rows = torch.from_numpy(np.concatenate([r for _, r in found]) if len(found) > 1 else found[0][1])
-            index = np.empty((n, len(found)), np.int64)           # (samples, tables) rows of the leaf
+            index = np.empty((n, len(self._names)), np.int64)     # (samples, tables) rows of the leaf
             for j, ((p, _), s) in enumerate(zip(found, starts)):
-                np.add(p.inverse, s, out=index[:, j])
+                tables = self._tables_of[j]
+                index[:, tables] = p.inverse.reshape(tables.size, n).T + s
         if self.device.type != "cpu":
             rows = rows.to(self.device, non_blocking=True)
         weight = rows.requires_grad_(torch.is_grad_enabled())

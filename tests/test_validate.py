@@ -61,3 +61,21 @@ def test_id_rows_of_several_tables_fail_as_each_table_would():
         with pytest.raises(ValueError, match=re.escape(str(per_table.value))):
             as_id_rows(names, bad, rows)
     assert as_id_rows(names, [np.zeros(0, np.int64)] * 2, rows).shape == (2, 0)
+
+
+@pytest.mark.parametrize("segments,msg", [
+    ([("a", 3), ("b", 3)], "segments hold 6 rows, the table 5"),
+    ([("a", 3), ("a", 2)], "distinct names"),
+    ([("a", 0), ("b", 5)], "non-empty name and rows >= 1"),
+    ([("", 5)], "non-empty name"),
+    ([("a", 2.5), ("b", 2.5)], "rows >= 1"),
+    ([], "distinct names"),
+    ([5], "segments must be"),
+    (["ab"], "rows >= 1"),
+])
+def test_table_segments_are_checked_before_any_communication(segments, msg):
+    from hpcps.sparse.table import _check_segments
+    with pytest.raises(ValueError, match=f"table 'emb': .*{re.escape(msg)}"):
+        _check_segments("emb", segments, 5)
+    assert _check_segments("emb", [("a", 2), ("b", np.int64(3))], 5) == (("a", 2), ("b", 3))
+    assert _check_segments("emb", None, 5) is None

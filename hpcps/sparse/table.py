@@ -138,6 +138,26 @@ class PushHandle:
         return None
 
 
+def _check_segments(name: str, segments, num_rows: int):
+    """``segments`` as a tuple of ``(name, rows)``, checked: distinct non-empty names, rows >= 1,
+    summing to ``num_rows``; ``None`` stays ``None``. Local."""
+    if segments is None:
+        return None
+    try:
+        parts = tuple((n, r) for n, r in segments)
+    except (TypeError, ValueError):
+        raise ValueError(f"table {name!r}: segments must be [(name, rows), ...], got {segments!r}") from None
+    for n, r in parts:
+        if not isinstance(n, str) or not n or isinstance(r, bool) or not isinstance(r, (int, np.integer)) or r < 1:
+            raise ValueError(f"table {name!r}: each segment needs a non-empty name and rows >= 1, got {(n, r)!r}")
+    if not parts or len({n for n, _ in parts}) != len(parts):
+        raise ValueError(f"table {name!r}: segments need distinct names, got {[n for n, _ in parts]}")
+    if sum(int(r) for _, r in parts) != num_rows:
+        raise ValueError(f"table {name!r}: segments hold {sum(int(r) for _, r in parts)} rows, the table "
+                         f"{num_rows}")
+    return tuple((n, int(r)) for n, r in parts)
+
+
 class EmbeddingTable:
     """A ``num_rows x dim`` float32 table sharded row-wise over the PS ranks.
 
@@ -168,12 +188,19 @@ class EmbeddingTable:
     ``stats.inbox_full``), which the PS drains before it applies. Through shared memory
     nothing is saved (the worker adds the rounded values itself). The PS applies every
     update, plain SGD included.
+    segments: ``[(name, rows), ...]`` summing to ``num_rows``: the table stores several logical
+    tables of one ``dim`` and optimizer back to back ("table-batched", as FBGEMM's TBE), so a
+    step's pulls, pushes and optimizer apply cost one pass instead of one per table. Segment
+    ``j``'s row ``i`` is global row ``start_j + i`` and starts as table ``name_j``'s row ``i``
+    would (``initial_rows(seed, name_j, i)``). ``hpcps.nn.ShardedEmbeddingCollection`` maps
+    each logical table's ids onto its segment.
     """
 
     def __init__(self, ctx, name: str, num_rows: int, dim: int,
                  optimizer: SparseOptimizer | None = None, seed: int = 0,
                  init_scale: float | None = None, transport: str | None = None, track_dirty: bool = False,
-                 track_versions: bool = False, pull_dtype: str = "float32", push_dtype: str = "float32"):
+                 track_versions: bool = False, pull_dtype: str = "float32", push_dtype: str = "float32",
+                 segments=None):
         ctx._check_open()
         if not isinstance(name, str) or not name:
             raise ValueError(f"table name must be a non-empty string, got {name!r}")
@@ -198,14 +225,20 @@ class EmbeddingTable:
             raise ValueError(f"table {name!r}: pull_dtype must be one of {PULL_DTYPES}, got {pull_dtype!r}")
         if push_dtype not in PUSH_DTYPES:
             raise ValueError(f"table {name!r}: push_dtype must be one of {PUSH_DTYPES}, got {push_dtype!r}")
+        segments = _check_segments(name, segments, int(num_rows))
         spec = (name, int(num_rows), int(dim), repr(optimizer), int(seed), scale, transport, bool(track_dirty),
-                bool(track_versions), pull_dtype, push_dtype)
+                bool(track_versions), pull_dtype, push_dtype, segments)
         specs = ctx.world.allgather(spec)
         if any(s != spec for s in specs):
             raise ValueError(f"table {name!r} created differently on different ranks: {sorted(set(specs))}")
 
         self.ctx, self.name, self.num_rows, self.dim = ctx, name, int(num_rows), int(dim)
         self.optimizer, self.seed, self.init_scale, self.transport = optimizer, int(seed), scale, transport
+        self.segments = segments
+        # segment j holds rows [_starts[j], _starts[j + 1]) (one segment, the table's own name, if none given)
+        parts = segments or ((name, self.num_rows),)
+        self._segment_names = [n for n, _ in parts]
+        self._starts = np.concatenate([[0], np.cumsum([r for _, r in parts])]).astype(np.int64)
         self._rma_read = rma_read
         self.sharding = ModuloSharding(self.num_rows, ctx.num_ps)
         self.stats = TableStats(rows_per_ps=[0] * ctx.num_ps, bytes_per_ps=[0] * ctx.num_ps)
@@ -297,7 +330,12 @@ class EmbeddingTable:
         for start in range(0, local_rows, _INIT_CHUNK_ROWS):
             stop = min(local_rows, start + _INIT_CHUNK_ROWS)
             gids = self.sharding.global_ids(self.ctx.ps_rank, start, stop)
-            initial_rows(self.seed, self.name, gids, self.dim, self.init_scale, out=shard[start:stop])
+            # ascending ids: each segment's rows are one run of them, initialized under its name
+            cut = np.searchsorted(gids, self._starts).tolist()
+            for j, seg in enumerate(self._segment_names):
+                if cut[j] < cut[j + 1]:
+                    initial_rows(self.seed, seg, gids[cut[j]:cut[j + 1]] - self._starts[j], self.dim,
+                                 self.init_scale, out=shard[start + cut[j]:start + cut[j + 1]])
         self._data.sync()
 
     def _map_shared_shards(self, window, dtype=np.float32) -> list:
@@ -312,6 +350,11 @@ class EmbeddingTable:
         return views
 
     # ------------------------------------------------------------ helpers
+    @property
+    def segment_starts(self) -> np.ndarray:
+        """First global row of each segment, then ``num_rows`` (one segment if none were given). Local."""
+        return self._starts.copy()
+
     def _check_worker(self, what: str) -> None:
         if self._data.freed:
             raise FreedError(f"table {self.name!r}: {what}() after free()")

@@ -234,3 +234,59 @@ def test_collection_in_one_pass_matches_the_bags_one_by_one():
             batch.flush()
         for t, x in zip(a, after):
             np.testing.assert_array_equal(t.pull(everything), x)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_table_batched_collection_equals_separate_tables():
+    """One table with a segment per logical table (what ``hpcps train`` builds) starts with each
+    segment's rows as the separate tables' and, under the collection, gives the same lookups and
+    the same Adagrad step; a bad id names its logical table; a prefetch is used as with
+    separate bags. At 3 ranks the tables have 2 PS ranks (each pull splits by owner)."""
+    from hpcps.sparse.pipeline import CommThread, PushBatch
+    D, rows = 4, [50, 7, 30]
+    num_ps = 2 if MPI.COMM_WORLD.Get_size() >= 3 else 1
+    with hpcps.init(num_ps=num_ps, mode="sync") as ctx:
+        opt = hpcps.optim.Adagrad(lr=0.1)
+        apart = [hpcps.EmbeddingTable(ctx, f"s{i}", r, D, optimizer=opt, seed=3) for i, r in enumerate(rows)]
+        fused = hpcps.EmbeddingTable(ctx, "fused", sum(rows), D, optimizer=opt, seed=3,
+                                     segments=[(f"s{i}", r) for i, r in enumerate(rows)])
+        if ctx.is_ps:
+            ctx.serve()
+            return
+        starts = fused.segment_starts
+        assert starts.tolist() == [0, 50, 57, 87]
+
+        def segments():
+            every = fused.pull(np.arange(sum(rows)))
+            return [every[a:b] for a, b in zip(starts[:-1], starts[1:])]
+        for seg, t in zip(segments(), apart):
+            np.testing.assert_array_equal(seg, t.pull(np.arange(t.num_rows)))
+        batch = PushBatch(CommThread(enabled=False))
+        one = ShardedEmbeddingCollection([ShardedEmbeddingBag(fused, batch=batch)])
+        sep = ShardedEmbeddingCollection([ShardedEmbeddingBag(t, batch=batch) for t in apart])
+        assert len(one) == len(sep) == 3 and one._together()
+        ids = [torch.tensor([3, 3, 17, 49, 0]), torch.tensor([6, 0, 0, 1, 6]), torch.tensor([29, 29, 0, 1, 2])]
+        with pytest.raises(ValueError, match="table 's1'.*id 7 out of range"):
+            one([ids[0], torch.tensor([0, 1, 7, 2, 3]), ids[2]])
+        with pytest.raises(ValueError, match="3 tables, got ids for 2"):
+            one(ids[:2])
+        with torch.no_grad():                                  # a prefetch waiting: the per-bag path
+            plain = one(ids)
+            one.prefetch(ids, 0)
+            assert one.bags[0]._next is not None and not one._together()
+            torch.testing.assert_close(one(ids), plain, rtol=0, atol=0)
+            assert one.bags[0]._next is None                   # the forward used it
+        out, out_sep = one(ids), sep(ids)
+        torch.testing.assert_close(out, out_sep, rtol=0, atol=0)
+        w = torch.randn(out.shape, generator=torch.Generator().manual_seed(ctx.worker_rank))
+        ctx.worker_comm.Barrier()                              # every worker read before anyone pushes
+        ctx.step_begin(0)
+        (out * w).sum().backward()
+        (out_sep * w).sum().backward()
+        batch.flush()
+        ctx.step_end(0)
+        ctx.fence(1)
+        for seg, t, r in zip(segments(), apart, rows):
+            after = t.pull(np.arange(r))
+            assert np.abs(after - hpcps.initial_rows(3, t.name, np.arange(r), D)).max() > 0
+            np.testing.assert_allclose(seg, after, rtol=1e-6, atol=1e-7)
