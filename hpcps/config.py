@@ -71,6 +71,7 @@ class ModelConfig:
     dense_backend: str = "auto"  # auto: nccl for cuda; cpu: shm if the workers share a node, else mpi | shm | mpi | nccl
     bucket_mb: float = 4.0
     threads: int = 0            # torch threads per rank; 0: this node's CPUs / its ranks (at least 1)
+    fuse_tables: bool = True    # dlrm: every table in one table-batched hpcps table (one pull, push, apply per step)
 
 
 @dataclass

@@ -39,7 +39,8 @@ from .sparse.control import parse_mode
 from .stopping import EXIT_CHECKPOINTED, StopRequest
 from .topology import init
 
-__all__ = ["train", "total_steps", "table_specs", "dense_optimizer", "dense_schedule", "EXIT_CHECKPOINTED"]
+__all__ = ["train", "total_steps", "table_specs", "fused_tables", "FUSED_TABLE", "dense_optimizer", "dense_schedule",
+           "EXIT_CHECKPOINTED"]
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +60,16 @@ def table_specs(cfg: Config, data) -> list:
         return [("users", nu, dim, None), ("items", ni, dim, None), ("user_bias", nu, 1, 0.0),
                 ("item_bias", ni, 1, 0.0)]
     return [(name, rows, dim, None) for name, rows in data.tables]
+
+
+FUSED_TABLE = "embeddings"      # the table-batched table's name (model.fuse_tables)
+
+
+def fused_tables(cfg: Config, specs) -> bool:
+    """Whether the job keeps the model's tables in one table-batched table (``model.fuse_tables``,
+    a DLRM whose tables share dim and initial scale). Local."""
+    return (cfg.model.fuse_tables and cfg.model.kind == "dlrm" and len(specs) > 1
+            and len({(dim, scale) for _, _, dim, scale in specs}) == 1)
 
 
 def dense_schedule(sec, steps: int) -> LRSchedule:
@@ -147,7 +158,11 @@ def export_weights(path: str, model, tables) -> None:
         for s in range(0, t.num_rows, 1 << 16):
             ids = np.arange(s, min(t.num_rows, s + (1 << 16)))
             rows[ids] = t.pull(ids, full=True)
-        arrays[f"tables/{t.name}"] = rows
+        if t.segments:                  # a table-batched table: its feature tables, as if apart
+            for (name, _), a, b in zip(t.segments, t.segment_starts[:-1], t.segment_starts[1:]):
+                arrays[f"tables/{name}"] = rows[a:b]
+        else:
+            arrays[f"tables/{t.name}"] = rows
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     np.savez(path, **arrays)
 
@@ -176,12 +191,19 @@ def train(cfg: Config) -> dict | None:
             int(ctx.is_worker and any(r not in ctx.node_ranks for r in ctx.ps_world_ranks)), op=MPI.MAX))
         pipe = {"prefetch": resolve_switch(cfg.pipeline.prefetch, remote),
                 "background_push": resolve_switch(cfg.pipeline.background_push, remote)}
-        tables = [EmbeddingTable(ctx, name, rows, dim, optimizer=sparse_opt, seed=cfg.job.seed,
-                                 init_scale=scale, transport=cfg.job.transport,
-                                 track_dirty=bool(c.dir) and c.full_every > 1,
-                                 track_versions=pipe["prefetch"] and kind != "async",
-                                 pull_dtype=cfg.pipeline.pull_dtype, push_dtype=cfg.pipeline.push_dtype)
-                  for name, rows, dim, scale in table_specs(cfg, data)]
+        options = dict(optimizer=sparse_opt, seed=cfg.job.seed, transport=cfg.job.transport,
+                       track_dirty=bool(c.dir) and c.full_every > 1, track_versions=pipe["prefetch"] and kind != "async",
+                       pull_dtype=cfg.pipeline.pull_dtype, push_dtype=cfg.pipeline.push_dtype)
+        specs = table_specs(cfg, data)
+        if fused_tables(cfg, specs):
+            # one table-batched table, a segment per feature table: a step's pulls, pushes and
+            # optimizer apply take one pass instead of one per table (each row starts as before)
+            (_, _, dim, scale) = specs[0]
+            tables = [EmbeddingTable(ctx, FUSED_TABLE, sum(rows for _, rows, _, _ in specs), dim, init_scale=scale,
+                                     segments=[(name, rows) for name, rows, _, _ in specs], **options)]
+        else:
+            tables = [EmbeddingTable(ctx, name, rows, dim, init_scale=scale, **options)
+                      for name, rows, dim, scale in specs]
         stop = StopRequest(c.dir)
         ckpt, resume_from, start = None, None, 0
         if c.dir:
@@ -297,7 +319,8 @@ def _work(cfg, ctx, data, tables, steps, start=0, resume_from=None, ckpt=None, s
     embs = [ShardedEmbeddingBag(t, mode="sum", grad_scale=1.0 / W, device=device, comm=comm_thread, cache=cache,
                                 batch=pushes) for t, cache in zip(tables, caches)]
     # DLRM looks every table up at once (one autograd node and one hook for all of them)
-    model = build_model(cfg, ShardedEmbeddingCollection(embs) if cfg.model.kind == "dlrm" else embs, data).to(device)
+    lookup = ShardedEmbeddingCollection(embs) if cfg.model.kind == "dlrm" else embs
+    model = build_model(cfg, lookup, data).to(device)
     dense = DenseSync(model, comm, backend=cfg.model.dense_backend, bucket_mb=cfg.model.bucket_mb)
     opt = dense_optimizer(cfg.optimizer.dense, model.parameters())
     sched = dense_schedule(cfg.optimizer.dense, steps)
@@ -343,8 +366,11 @@ def _work(cfg, ctx, data, tables, steps, start=0, resume_from=None, ckpt=None, s
             next_batch = data.train_batch(step + 1)
             t_data = time.perf_counter() - td
             refresh = None if kind == "async" else step - bound
-            for e, ids in zip(embs, next_batch.sparse):
-                e.prefetch(ids, step + 1, refresh_above=refresh)
+            if isinstance(lookup, ShardedEmbeddingCollection):
+                lookup.prefetch(next_batch.sparse, step + 1, refresh_above=refresh)
+            else:
+                for e, ids in zip(embs, next_batch.sparse):
+                    e.prefetch(ids, step + 1, refresh_above=refresh)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         t3 = time.perf_counter()

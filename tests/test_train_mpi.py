@@ -64,6 +64,24 @@ def test_sync_equals_single_process_torch(tmp_path, opt, n, ps, transport, pipel
                                                  f"pipeline.prefetch={pipeline}", f"pipeline.background_push={pipeline}"])
 
 
+def test_table_batching_changes_no_bit(tmp_path):
+    # model.fuse_tables (the default) keeps the feature tables in one table-batched hpcps table;
+    # with one worker every sum has one order, so the weights match one table per feature bit for
+    # bit, exported under the feature tables' names either way
+    got = []
+    for fuse in ("true", "false"):
+        out = tmp_path / f"{fuse}.npz"
+        _train(2, [f"model.fuse_tables={fuse}", f"job.export={out}"])
+        got.append(np.load(out))
+    assert set(got[0].files) == set(got[1].files) >= {"tables/cat0", "tables/cat1", "tables/cat2"}
+    for k in got[0].files:
+        np.testing.assert_array_equal(got[0][k], got[1][k], err_msg=k)
+
+
+def test_sync_equals_torch_with_a_table_per_feature(tmp_path):
+    _assert_equals_reference(tmp_path, 3, OPTIMIZERS[2] + ["model.fuse_tables=false"])
+
+
 def test_sync_equivalence_with_decay_schedule_clipping(tmp_path):
     _assert_equals_reference(tmp_path, 4, [
         "optimizer.sparse.name=sgd", "optimizer.sparse.lr=0.5", "optimizer.sparse.weight_decay=0.05",

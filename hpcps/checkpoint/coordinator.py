@@ -185,7 +185,9 @@ class Checkpointer:
         manifest = {**self.meta, **link, "step": step, "time": time.time(), "num_ps": self.ctx.num_ps,
                     "num_workers": self.ctx.num_workers,
                     "tables": [{"name": t.name, "num_rows": t.num_rows, "dim": t.dim,
-                                "optimizer": repr(t.optimizer)} for t in self.tables],
+                                "optimizer": repr(t.optimizer),
+                                **({"segments": [list(x) for x in t.segments]} if t.segments else {})}
+                               for t in self.tables],
                     "sharding": "modulo", "host": platform.node(),
                     "versions": _versions()}
         final = store.commit(self.root, step, manifest, self.keep, self.file_mode)
@@ -218,17 +220,52 @@ def _versions() -> dict:
             "numpy": np.__version__, "mpi": MPI.Get_library_version().splitlines()[0].strip()}
 
 
+def _logical(spec) -> list:
+    """A checkpoint table's logical tables: ``[(name, first row, rows)]`` (its segments, or itself)."""
+    out, start = [], 0
+    for name, n in spec.get("segments") or [(spec["name"], spec["num_rows"])]:
+        out.append((name, start, int(n)))
+        start += int(n)
+    return out
+
+
+def _sources(path, specs: dict, t) -> list:
+    """Where table ``t``'s rows are in a checkpoint: ``[(checkpoint table, first id, ids, shift)]``,
+    read as ``job id = checkpoint id + shift`` for checkpoint ids in ``[first, first + ids)``. The
+    same table, or its logical tables found apart or inside a table-batched one (so a checkpoint
+    restores with ``model.fuse_tables`` either way)."""
+    spec = specs.get(t.name)
+    if spec is not None:
+        if spec["num_rows"] != t.num_rows or spec["dim"] != t.dim or \
+                [list(x) for x in (spec.get("segments") or ())] != [list(x) for x in (t.segments or ())]:
+            raise ValueError(f"checkpoint {path} has table {t.name!r} as {spec}, the job has "
+                             f"{t.num_rows} x {t.dim}" + (f" in segments {list(t.segments)}" if t.segments else ""))
+        return [(t.name, 0, t.num_rows, 0)]
+    where = {name: (s, first, n) for s in specs.values() for name, first, n in _logical(s)}
+    out = []
+    for name, start, n in _logical({"name": t.name, "num_rows": t.num_rows, "segments": t.segments}):
+        got = where.get(name)
+        if got is None:
+            raise ValueError(f"checkpoint {path} has no table {name!r} (it has "
+                             f"{sorted(n for n in where)})")
+        s, first, rows = got
+        if rows != n or s["dim"] != t.dim:
+            raise ValueError(f"checkpoint {path} has table {name!r} as {rows} x {s['dim']}, the job has "
+                             f"{n} x {t.dim}")
+        out.append((s["name"], first, n, start - first))
+    return out
+
+
 def restore_tables(path, ctx, tables) -> int:
     """PS ranks: load this rank's rows (any old num_ps) into the tables, following an incremental
-    checkpoint back to its full baseline. Returns the step. Local."""
+    checkpoint back to its full baseline. Returns the step. Local.
+
+    A table-batched table (``segments``) restores from its logical tables stored apart, and a
+    table from its segment of a table-batched one: rows are matched by name and row id."""
     links = store.chain(path)
     man = store.read_manifest(path)
     specs = {t["name"]: t for t in man["tables"]}
-    for t in tables:
-        spec = specs.get(t.name)
-        if spec is None or spec["num_rows"] != t.num_rows or spec["dim"] != t.dim:
-            raise ValueError(f"checkpoint {path} has table {t.name!r} as {spec}, the job has "
-                             f"{t.num_rows} x {t.dim}")
+    sources = {t.name: _sources(path, specs, t) for t in tables}      # every rank checks, then PS ranks load
     if ctx.is_ps:
         for t in tables:
             state = {k: v for k, v in t._state.items() if not k.startswith("_")}
@@ -236,11 +273,19 @@ def restore_tables(path, ctx, tables) -> int:
             if "_seen" in t._state:
                 seen = np.zeros(t._state["_seen"].shape, np.uint8)
                 state["momentum_seen"] = seen
+            applies = 0
             for i, link in enumerate(links):
                 lm = store.read_manifest(link)
                 files = [Path(link) / shard_file(p) for p in range(lm["num_ps"])]
-                t._applies = load_rows(files, t.name, t.sharding.owner, ctx.num_ps, ctx.ps_rank, t.shard(),
-                                       state, complete=(i == 0))
+                filled = 0
+                for name, first, n, shift in sources[t.name]:
+                    a, f = load_rows(files, name, t.sharding.owner, ctx.num_ps, ctx.ps_rank, t.shard(), state,
+                                     span=(first, first + n), shift=shift)
+                    applies, filled = max(applies, a), filled + f
+                if i == 0 and filled != t.shard().shape[0]:     # a full checkpoint holds every row
+                    raise ValueError(f"checkpoint table {t.name!r}: found {filled} of this PS's "
+                                     f"{t.shard().shape[0]} rows")
+            t._applies = applies
             if seen is not None:
                 t._state["_seen"][:] = seen.astype(bool)
             t._data.sync()

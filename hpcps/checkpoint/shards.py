@@ -171,10 +171,11 @@ def write_shard(path, step: int, ps: int, num_ps: int, tables: dict, compression
 
 
 def load_rows(paths, name: str, owner, num_ps: int, ps: int, weights: np.ndarray, state: dict,
-              complete: bool = True) -> int:
+              span=None, shift: int = 0) -> tuple[int, int]:
     """Fill this PS's ``weights`` and ``state`` for table ``name`` from every shard file, whatever
-    number of PS wrote them (rows are matched by global id). ``complete``: a full checkpoint
-    must hold every row (an incremental one only the changed ones). Returns the update count."""
+    number of PS wrote them (rows are matched by global id). ``span = (lo, hi)``: only the
+    checkpoint's ids in ``[lo, hi)``, each as job id ``id + shift`` (one logical table of a
+    table-batched table, or into one). Returns ``(update count, rows filled)``. Local."""
     applies = 0
     filled = 0
     for path in paths:
@@ -189,7 +190,9 @@ def load_rows(paths, name: str, owner, num_ps: int, ps: int, weights: np.ndarray
                                  f"(written by {g.attrs['optimizer']})")
             applies = max(applies, int(g.attrs["applies"]))
             ids = g["ids"][...]
-            mine = owner(ids) == ps
+            keep = np.ones(ids.shape, bool) if span is None else (ids >= span[0]) & (ids < span[1])
+            ids = ids + shift
+            mine = keep & (owner(ids) == ps)
             if not mine.any():
                 continue
             local = ids[mine] // num_ps
@@ -197,9 +200,7 @@ def load_rows(paths, name: str, owner, num_ps: int, ps: int, weights: np.ndarray
             for k, arr in state.items():
                 arr[local] = g[f"state/{k}"][...][mine]
             filled += int(mine.sum())
-    if complete and filled != weights.shape[0]:
-        raise ValueError(f"checkpoint table {name!r}: found {filled} of this PS's {weights.shape[0]} rows")
-    return applies
+    return applies, filled
 
 
 def write_dense(path, step: int, model_state: dict, optim_state: dict, extra: dict,

@@ -81,11 +81,18 @@ def _gather_tables(p, man):
                 for name, arr in tables.items():
                     g = f[f"tables/{name}"]
                     arr[g["ids"][...]] = g["weights"][...]
-    return tables
+    out = {}
+    for spec in man["tables"]:                   # a table-batched table: its logical tables, apart
+        rows, start = tables[spec["name"]], 0
+        for name, n in spec.get("segments") or [(spec["name"], spec["num_rows"])]:
+            out[name] = rows[start:start + n]
+            start += n
+    return out
 
 
 def export(path, out, fmt: str = "h5") -> int:
-    """One file: ``tables/<name>/weights`` [num_rows, dim] in global-id order and ``dense/<name>``."""
+    """One file: ``tables/<name>/weights`` [num_rows, dim] in global-id order (a table-batched
+    table as its logical tables) and ``dense/<name>``."""
     p = _pick(path)
     man = store.read_manifest(p)
     tables = _gather_tables(p, man)
