@@ -62,6 +62,10 @@ def table_specs(cfg: Config, data) -> list:
     return [(name, rows, dim, None) for name, rows in data.tables]
 
 
+_THREAD_LEVELS = {MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled",
+                  MPI.THREAD_SERIALIZED: "serialized", MPI.THREAD_MULTIPLE: "multiple"}
+
+
 FUSED_TABLE = "embeddings"      # the table-batched table's name (model.fuse_tables)
 
 
@@ -189,8 +193,10 @@ def train(cfg: Config) -> dict | None:
         # a worker that reads some shard over RMA has latency to hide; shared-memory gathers do not
         remote = cfg.job.transport == "rma" or bool(world.allreduce(
             int(ctx.is_worker and any(r not in ctx.node_ranks for r in ctx.ps_world_ranks)), op=MPI.MAX))
-        pipe = {"prefetch": resolve_switch(cfg.pipeline.prefetch, remote),
-                "background_push": resolve_switch(cfg.pipeline.background_push, remote)}
+        # auto: the communication thread only where MPI allows it (HPCPS_MPI_THREADS=multiple)
+        threads = remote and MPI.Query_thread() >= MPI.THREAD_MULTIPLE
+        pipe = {"prefetch": resolve_switch(cfg.pipeline.prefetch, threads),
+                "background_push": resolve_switch(cfg.pipeline.background_push, threads)}
         options = dict(optimizer=sparse_opt, seed=cfg.job.seed, transport=cfg.job.transport,
                        track_dirty=bool(c.dir) and c.full_every > 1, track_versions=pipe["prefetch"] and kind != "async",
                        pull_dtype=cfg.pipeline.pull_dtype, push_dtype=cfg.pipeline.push_dtype)
@@ -478,7 +484,8 @@ def _work(cfg, ctx, data, tables, steps, start=0, resume_from=None, ckpt=None, s
              "checkpoint_stall_s": max(ckpt.stall_seconds) if ckpt is not None and ckpt.stall_seconds else 0.0,
              "samples_per_s": ran * B / max(elapsed, 1e-9),
              "elapsed_s": elapsed, "num_ps": ctx.num_ps, "num_workers": W, "mode": ctx.mode,
-             "wait_policy": ctx.wait_policy, "node_cpus": ctx.node_cpus,
+             "wait_policy": ctx.wait_policy, "node_cpus": ctx.node_cpus, "mpi_threads": _THREAD_LEVELS.get(
+                 MPI.Query_thread(), str(MPI.Query_thread())),
              "max_staleness": max(flat) if flat else 0, "data": data.stats,
              "pipeline": _pipeline_summary(pl, pipe, comm_thread, embs, pipe_totals)}
     return final, log

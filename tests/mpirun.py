@@ -32,6 +32,7 @@ def mpi_env(extra=None) -> dict:
                 "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"})
     env.pop("HPCPS_NUM_PS", None)
     env.pop("HPCPS_TRANSPORT", None)
+    env.pop("HPCPS_MPI_THREADS", None)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env.update(extra or {})
     return env

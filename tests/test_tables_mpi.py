@@ -91,7 +91,8 @@ def test_num_ps_from_environment():
 @pytest.mark.parametrize("n,num_ps,transport,opt", [(3, 1, "auto", "sgd"), (3, 1, "rma", "adagrad"),
                                                      (4, 2, "rma", "sgd"), (4, 2, "auto", "adagrad")])
 def test_prefetch_before_other_workers_pushes_is_refreshed_exactly(n, num_ps, transport, opt):
-    r = run_mpi(n, ["prefetch_refresh.py", num_ps, transport, opt], timeout=120)
+    # the prefetch runs on the communication thread: MPI_THREAD_MULTIPLE
+    r = run_mpi(n, ["prefetch_refresh.py", num_ps, transport, opt], timeout=120, env={"HPCPS_MPI_THREADS": "multiple"})
     assert r.stdout.count("OK worker") == 2
 
 

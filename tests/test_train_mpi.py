@@ -26,10 +26,10 @@ def _train(n, sets, config=TINY, timeout=240, **kw):
     return run_mpi(n, ["-m", "hpcps", "train", "--config", config, "--set", *sets], timeout=timeout, **kw)
 
 
-def _assert_equals_reference(tmp_path, n, sets, config=TINY):
+def _assert_equals_reference(tmp_path, n, sets, config=TINY, **kw):
     out = tmp_path / "w.npz"
     sets = sets + [f"job.export={out}"]
-    _train(n, sets, config)
+    _train(n, sets, config, **kw)
     got = np.load(out)
     cfg = load_config(config, sets, environ={})
     ref = train_reference(cfg)
@@ -59,9 +59,11 @@ OPTIMIZERS = [
 @pytest.mark.parametrize("n,ps,transport,pipeline", [(3, 1, "auto", "off"), (4, 1, "auto", "on"), (5, 2, "rma", "auto")],
                          ids=["1ps-2w", "1ps-3w-pipelined", "2ps-3w-rma-pipelined"])
 def test_sync_equals_single_process_torch(tmp_path, opt, n, ps, transport, pipeline):
-    # the pipeline (prefetch + communication thread); "auto" turns it on for rma
+    # the pipeline (prefetch + communication thread, which needs MPI_THREAD_MULTIPLE); "auto" turns
+    # it on for rma
     _assert_equals_reference(tmp_path, n, opt + [f"job.num_ps={ps}", f"job.transport={transport}",
-                                                 f"pipeline.prefetch={pipeline}", f"pipeline.background_push={pipeline}"])
+                                                 f"pipeline.prefetch={pipeline}", f"pipeline.background_push={pipeline}"],
+                             env={"HPCPS_MPI_THREADS": "multiple"} if pipeline != "off" else None)
 
 
 def test_table_batching_changes_no_bit(tmp_path):
@@ -139,6 +141,19 @@ def test_async_has_no_bound():
     r = run_mpi(4, ["ssp_bound.py", "async", 40], timeout=120)
     rep = json.loads(r.stdout.strip().splitlines()[-1])
     assert max(rep["max_staleness"]) > 3                      # the same run without SSP drifts
+
+
+def test_mpi_thread_level_serialized_unless_the_pipeline_thread_is_asked_for():
+    r = _train(3, ["job.steps=6", "pipeline.background_push=on", "job.transport=rma"])
+    final = _final(r.stdout)
+    assert final["mpi_threads"] == "serialized" and not final["pipeline"]["background_push"]
+    assert "HPCPS_MPI_THREADS=multiple" in r.stderr                  # on asked, inline given: said so
+    r = _train(3, ["job.steps=6", "pipeline.background_push=auto", "job.transport=rma"])
+    assert not _final(r.stdout)["pipeline"]["background_push"] and "HPCPS_MPI_THREADS" not in r.stderr
+    r = _train(3, ["job.steps=6", "pipeline.background_push=auto", "job.transport=rma"],
+               env={"HPCPS_MPI_THREADS": "multiple"})
+    final = _final(r.stdout)
+    assert final["mpi_threads"] == "multiple" and final["pipeline"]["background_push"]
 
 
 def test_train_end_to_end_metrics_and_final_line(tmp_path):

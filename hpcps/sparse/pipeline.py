@@ -40,8 +40,9 @@ class CommThread:
 
     def __init__(self, enabled: bool = True):
         if enabled and MPI.Query_thread() < MPI.THREAD_MULTIPLE:
-            logger.warning("hpcps: the MPI library gives no MPI_THREAD_MULTIPLE; pulls and pushes run "
-                           "inline (no background pipeline)")
+            logger.warning("hpcps: MPI runs without MPI_THREAD_MULTIPLE, so pulls and pushes run inline "
+                           "(no background pipeline); launch with HPCPS_MPI_THREADS=multiple for the "
+                           "communication thread (hpcps asks for MPI_THREAD_SERIALIZED by default)")
             enabled = False
         self.enabled = enabled
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="hpcps-comm") if enabled else None
