@@ -188,6 +188,19 @@ def test_sharded_embedding_collection_equals_stacked_bags():
                                        rtol=1e-5, atol=1e-5)
 
 
+def _push_one_sync_step(ctx, batch, outs):
+    """Step 0 on a worker: the backward of each of ``outs`` times one random weight (per worker),
+    their pushes sent in one batch, then the fence, so every PS applied them."""
+    w = torch.randn(outs[0].shape, generator=torch.Generator().manual_seed(ctx.worker_rank))
+    ctx.worker_comm.Barrier()                              # every worker read before anyone pushes
+    ctx.step_begin(0)
+    for out in outs:
+        (out * w).sum().backward()
+    batch.flush()
+    ctx.step_end(0)
+    ctx.fence(1)
+
+
 @pytest.mark.mpi(min_size=2)
 def test_collection_in_one_pass_matches_the_bags_one_by_one():
     """With every shard in this node's shared memory the collection pulls all its tables in one
@@ -215,14 +228,7 @@ def test_collection_in_one_pass_matches_the_bags_one_by_one():
         for j, (t, x) in enumerate(zip(a, ids)):
             torch.testing.assert_close(out[:, j], torch.from_numpy(t.pull(x.numpy())), rtol=0, atol=0)
         sep = torch.stack([bag(x.view(-1, 1)) for bag, x in zip(bags, ids)], dim=1)
-        w = torch.randn(out.shape, generator=torch.Generator().manual_seed(ctx.worker_rank))
-        ctx.worker_comm.Barrier()                              # every worker read before anyone pushes
-        ctx.step_begin(0)
-        (out * w).sum().backward()
-        (sep * w).sum().backward()
-        batch.flush()
-        ctx.step_end(0)
-        ctx.fence(1)
+        _push_one_sync_step(ctx, batch, [out, sep])
         for ta, tb, a0, b0 in zip(a, b, before_a, before_b):
             moved = ta.pull(everything) - a0
             assert np.abs(moved).max() > 0
@@ -278,14 +284,7 @@ def test_table_batched_collection_equals_separate_tables():
             assert one.bags[0]._next is None                   # the forward used it
         out, out_sep = one(ids), sep(ids)
         torch.testing.assert_close(out, out_sep, rtol=0, atol=0)
-        w = torch.randn(out.shape, generator=torch.Generator().manual_seed(ctx.worker_rank))
-        ctx.worker_comm.Barrier()                              # every worker read before anyone pushes
-        ctx.step_begin(0)
-        (out * w).sum().backward()
-        (out_sep * w).sum().backward()
-        batch.flush()
-        ctx.step_end(0)
-        ctx.fence(1)
+        _push_one_sync_step(ctx, batch, [out, out_sep])
         for seg, t, r in zip(segments(), apart, rows):
             after = t.pull(np.arange(r))
             assert np.abs(after - hpcps.initial_rows(3, t.name, np.arange(r), D)).max() > 0
