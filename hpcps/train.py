@@ -320,7 +320,9 @@ def _work(cfg, ctx, data, tables, steps, start=0, resume_from=None, ckpt=None, s
     kind, bound = parse_mode(ctx.mode)
     pipe = pipe or {"prefetch": False, "background_push": False}
     comm_thread = CommThread(enabled=pipe["background_push"])
-    caches = [RowCache(pl.cache_rows, t.dim, pl.cache_staleness) if pl.cache_rows else None for t in tables]
+    # cache_rows is per feature table: a table-batched table caches that many rows per segment
+    caches = [RowCache(pl.cache_rows * len(t.segments or (t.name,)), t.dim, pl.cache_staleness)
+              if pl.cache_rows else None for t in tables]
     pushes = PushBatch(comm_thread)     # a step's pushes of every table go out together, after backward
     embs = [ShardedEmbeddingBag(t, mode="sum", grad_scale=1.0 / W, device=device, comm=comm_thread, cache=cache,
                                 batch=pushes) for t, cache in zip(tables, caches)]
