@@ -245,8 +245,7 @@ class ShardedEmbeddingCollection(torch.nn.Module):
         self.embedding_dim = dims.pop()
         self.device = self.bags[0].device
         # the logical tables, in order: each bag's segments (or the bag's table itself)
-        parts = [(j, seg, int(r)) for j, b in enumerate(self.bags)
-                 for seg, r in (b.table.segments or ((b.table.name, b.num_embeddings),))]
+        parts = [(j, seg, r) for j, b in enumerate(self.bags) for seg, _, r in b.table.logical]
         self._names = [seg for _, seg, _ in parts]
         self._bag_of = np.array([j for j, _, _ in parts])
         self._rows = np.array([r for _, _, r in parts], np.int64)

@@ -162,11 +162,8 @@ def export_weights(path: str, model, tables) -> None:
         for s in range(0, t.num_rows, 1 << 16):
             ids = np.arange(s, min(t.num_rows, s + (1 << 16)))
             rows[ids] = t.pull(ids, full=True)
-        if t.segments:                  # a table-batched table: its feature tables, as if apart
-            for (name, _), a, b in zip(t.segments, t.segment_starts[:-1], t.segment_starts[1:]):
-                arrays[f"tables/{name}"] = rows[a:b]
-        else:
-            arrays[f"tables/{t.name}"] = rows
+        for name, first, n in t.logical:        # a table-batched table: its feature tables, apart
+            arrays[f"tables/{name}"] = rows[first:first + n]
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     np.savez(path, **arrays)
 

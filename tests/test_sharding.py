@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from hpcps.sparse.sharding import ModuloSharding
+from hpcps.sparse.sharding import ModuloSharding, logical_tables
 
 
 @pytest.mark.parametrize("num_rows,num_ps", [(1, 1), (10, 3), (1000, 2), (7, 7), (5, 8)])
@@ -29,3 +29,8 @@ def test_bad_sharding_args():
         ModuloSharding(0, 1)
     with pytest.raises(ValueError):
         ModuloSharding(10, 2).shard_rows(2)
+
+
+def test_logical_tables_lay_segments_back_to_back():
+    assert logical_tables("t", 5) == [("t", 0, 5)]                      # no segments: the table itself
+    assert logical_tables("e", 10, [("a", 3), ("b", 7)]) == [("a", 0, 3), ("b", 3, 7)]

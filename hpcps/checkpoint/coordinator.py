@@ -25,6 +25,7 @@ from mpi4py import MPI
 
 from .._version import __version__
 from ..errors import HpcpsError
+from ..sparse.sharding import logical_tables
 from ..sparse.window import Window
 from . import store
 from .shards import Background, load_rows, read_dense, shard_file, write_dense, write_shard
@@ -220,15 +221,6 @@ def _versions() -> dict:
             "numpy": np.__version__, "mpi": MPI.Get_library_version().splitlines()[0].strip()}
 
 
-def _logical(spec) -> list:
-    """A checkpoint table's logical tables: ``[(name, first row, rows)]`` (its segments, or itself)."""
-    out, start = [], 0
-    for name, n in spec.get("segments") or [(spec["name"], spec["num_rows"])]:
-        out.append((name, start, int(n)))
-        start += int(n)
-    return out
-
-
 def _sources(path, specs: dict, t) -> list:
     """Where table ``t``'s rows are in a checkpoint: ``[(checkpoint table, first id, ids, shift)]``,
     read as ``job id = checkpoint id + shift`` for checkpoint ids in ``[first, first + ids)``. The
@@ -241,13 +233,14 @@ def _sources(path, specs: dict, t) -> list:
             raise ValueError(f"checkpoint {path} has table {t.name!r} as {spec}, the job has "
                              f"{t.num_rows} x {t.dim}" + (f" in segments {list(t.segments)}" if t.segments else ""))
         return [(t.name, 0, t.num_rows, 0)]
-    where = {name: (s, first, n) for s in specs.values() for name, first, n in _logical(s)}
+    where = {name: (s, first, n) for s in specs.values()
+             for name, first, n in logical_tables(s["name"], s["num_rows"], s.get("segments"))}
     out = []
-    for name, start, n in _logical({"name": t.name, "num_rows": t.num_rows, "segments": t.segments}):
+    for name, start, n in t.logical:
         got = where.get(name)
         if got is None:
             raise ValueError(f"checkpoint {path} has no table {name!r} (it has "
-                             f"{sorted(n for n in where)})")
+                             f"{sorted(where)})")
         s, first, rows = got
         if rows != n or s["dim"] != t.dim:
             raise ValueError(f"checkpoint {path} has table {name!r} as {rows} x {s['dim']}, the job has "

@@ -6,6 +6,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from ..sparse.sharding import logical_tables
 from . import store
 from .shards import read_dense, shard_file
 
@@ -81,13 +82,9 @@ def _gather_tables(p, man):
                 for name, arr in tables.items():
                     g = f[f"tables/{name}"]
                     arr[g["ids"][...]] = g["weights"][...]
-    out = {}
-    for spec in man["tables"]:                   # a table-batched table: its logical tables, apart
-        rows, start = tables[spec["name"]], 0
-        for name, n in spec.get("segments") or [(spec["name"], spec["num_rows"])]:
-            out[name] = rows[start:start + n]
-            start += n
-    return out
+    return {name: tables[spec["name"]][first:first + n]     # a table-batched table: its logical tables, apart
+            for spec in man["tables"]
+            for name, first, n in logical_tables(spec["name"], spec["num_rows"], spec.get("segments"))}
 
 
 def export(path, out, fmt: str = "h5") -> int:

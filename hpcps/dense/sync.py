@@ -57,13 +57,13 @@ class DenseSync(torch.nn.Module):
             self._buckets.append(_Bucket(current, device, current[0].dtype))
         nbytes = sum(b.flat.numel() * b.flat.element_size() for b in self._buckets)
         self.backend = make_backend(backend, comm, device, nbytes=nbytes)
-        self.backend.prepare([b.flat for b in self._buckets])
+        # one worker: its gradients are the average already, so nothing is ever all-reduced
+        self._solo = self.size == 1
+        self.backend.prepare([] if self._solo else [b.flat for b in self._buckets])
         with torch.no_grad():
             for t in list(module.parameters()) + list(module.buffers()):
                 self.backend.broadcast(t, root=0)
         self._bucket_of = {}
-        # one worker: its gradients are the average already, so no hook copies them into buckets
-        self._solo = self.size == 1
         for b in self._buckets:
             for p in b.params:
                 self._bucket_of[p] = b

@@ -10,7 +10,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["ModuloSharding"]
+__all__ = ["ModuloSharding", "logical_tables"]
+
+
+def logical_tables(name: str, num_rows: int, segments=None) -> list:
+    """A table's logical tables as ``[(name, first row, rows)]``: its ``segments`` (``[(name, rows),
+    ...]``) back to back, as a table-batched table holds them, or else the table itself. Local."""
+    out, start = [], 0
+    for seg, rows in segments or ((name, num_rows),):
+        out.append((seg, start, int(rows)))
+        start += int(rows)
+    return out
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from .._wait import backoff
 from ..errors import FreedError, RoleError
 from .initializers import default_scale, initial_rows
 from .optimizers import SGD, SparseOptimizer, new_state
-from .sharding import ModuloSharding
+from .sharding import ModuloSharding, logical_tables
 from .validate import as_grads, as_ids
 from .window import Window
 
@@ -192,7 +192,8 @@ class EmbeddingTable:
     tables of one ``dim`` and optimizer back to back ("table-batched", as FBGEMM's TBE), so a
     step's pulls, pushes and optimizer apply cost one pass instead of one per table. Segment
     ``j``'s row ``i`` is global row ``start_j + i`` and starts as table ``name_j``'s row ``i``
-    would (``initial_rows(seed, name_j, i)``). ``hpcps.nn.ShardedEmbeddingCollection`` maps
+    would (``initial_rows(seed, name_j, i)``); ``logical`` lists ``(name_j, start_j, rows_j)``
+    (the table itself when it has no segments). ``hpcps.nn.ShardedEmbeddingCollection`` maps
     each logical table's ids onto its segment.
     """
 
@@ -235,10 +236,9 @@ class EmbeddingTable:
         self.ctx, self.name, self.num_rows, self.dim = ctx, name, int(num_rows), int(dim)
         self.optimizer, self.seed, self.init_scale, self.transport = optimizer, int(seed), scale, transport
         self.segments = segments
-        # segment j holds rows [_starts[j], _starts[j + 1]) (one segment, the table's own name, if none given)
-        parts = segments or ((name, self.num_rows),)
-        self._segment_names = [n for n, _ in parts]
-        self._starts = np.concatenate([[0], np.cumsum([r for _, r in parts])]).astype(np.int64)
+        # [(name, first row, rows)] of each segment (the table itself if it has none)
+        self.logical = logical_tables(name, self.num_rows, segments)
+        self._starts = np.array([first for _, first, _ in self.logical] + [self.num_rows], np.int64)
         self._rma_read = rma_read
         self.sharding = ModuloSharding(self.num_rows, ctx.num_ps)
         self.stats = TableStats(rows_per_ps=[0] * ctx.num_ps, bytes_per_ps=[0] * ctx.num_ps)
@@ -332,7 +332,7 @@ class EmbeddingTable:
             gids = self.sharding.global_ids(self.ctx.ps_rank, start, stop)
             # ascending ids: each segment's rows are one run of them, initialized under its name
             cut = np.searchsorted(gids, self._starts).tolist()
-            for j, seg in enumerate(self._segment_names):
+            for j, (seg, _, _) in enumerate(self.logical):
                 if cut[j] < cut[j + 1]:
                     initial_rows(self.seed, seg, gids[cut[j]:cut[j + 1]] - self._starts[j], self.dim,
                                  self.init_scale, out=shard[start + cut[j]:start + cut[j + 1]])
