@@ -117,6 +117,9 @@ class PipelineConfig:
     # Off by default: on the one machine measured (2 cores) the pipeline cost throughput
     prefetch: str = "off"       # pull step t+1's rows while step t computes (exact in sync mode)
     background_push: str = "off"  # pushes and prefetches run on a communication thread
+    # a child process per worker draws its training batches ahead (hpcps.data.loader); auto: on where
+    # the node has a CPU for each worker and one for each loader (the PS ranks mostly wait)
+    loader: str = "auto"
     cache_rows: int = 0         # worker-side cache of hot rows per table (0 = off; async or ssp only)
     cache_staleness: int = 2    # a cached row older than this many steps is pulled again
     pull_dtype: str = "float32"  # float32 | bfloat16 | float16: rows travel to workers in 16 bits
@@ -330,7 +333,7 @@ def validate(cfg: Config) -> None:
     _check(not (m.device == "cuda" and m.dense_backend in ("mpi", "shm")), "model.dense_backend",
            m.dense_backend, f"{m.dense_backend} all-reduces CPU tensors; use auto or nccl with model.device = cuda")
     pl = cfg.pipeline
-    for key in ("prefetch", "background_push"):
+    for key in ("prefetch", "background_push", "loader"):
         v = getattr(pl, key)
         _check(str(v).lower() in SWITCHES, f"pipeline.{key}", v, "must be auto, on or off")
     _check(pl.cache_rows >= 0, "pipeline.cache_rows", pl.cache_rows, "must be >= 0")

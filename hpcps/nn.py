@@ -255,6 +255,7 @@ class ShardedEmbeddingCollection(torch.nn.Module):
         self._bag_bounds = np.concatenate([[0], np.cumsum([b.num_embeddings for b in self.bags])])
         self._tables_of = [np.flatnonzero(self._bag_of == j) for j in range(len(self.bags))]
         self._seen = self._slot = None       # the one-pass unique's scratch (_unique), made on first use
+        self._prepared = None                # (the id arrays, their _plan) from prepare()
 
     def __len__(self) -> int:
         """The number of logical tables (what ``forward`` takes ids for). Local."""
@@ -297,13 +298,18 @@ class ShardedEmbeddingCollection(torch.nn.Module):
         """Bag ``j``'s rows for keys ``M``: its logical tables' keys, table by table, as rows of its table."""
         return (M[self._tables_of[j]] - self._bag_bounds[j]).reshape(-1)
 
-    def _pull_together(self, M):
-        """Every bag's distinct rows for keys ``M`` in one pass: one unique over all tables, each
-        bag's rows read straight into one buffer. Returns ``(rows, index, uniqs, starts, sizes)``:
-        what the per-bag path gives."""
+    def _plan(self, M):
+        """One unique over every table's keys ``M``: ``(uniq, index (samples, tables) into it, each
+        bag's first position in uniq and one past the last)``."""
         uniq, index = self._unique(M)
         index = np.ascontiguousarray(index.T)                   # (samples, tables), as the gather reads it
-        cut = np.searchsorted(uniq, self._bag_bounds).tolist()
+        return uniq, index, np.searchsorted(uniq, self._bag_bounds).tolist()
+
+    def _pull_together(self, plan):
+        """Every bag's distinct rows of ``plan`` (:meth:`_plan`) in one pass, each bag's rows read
+        straight into one buffer. Returns ``(rows, index, uniqs, starts, sizes)``: what the per-bag
+        path gives."""
+        uniq, index, cut = plan
         rows = np.empty((uniq.size, self.embedding_dim), np.float32)
         uniqs = []
         for j, b in enumerate(self.bags):
@@ -315,6 +321,26 @@ class ShardedEmbeddingCollection(torch.nn.Module):
         sizes = [u.size for u in uniqs]
         return rows, index, uniqs, cut[:-1], sizes
 
+    def prepare(self, inputs) -> None:
+        """Check and index the ids ``inputs`` of a coming ``forward`` now, while there is time (a
+        worker waiting for the PS's apply): that forward then starts with its pull. Only
+        ``forward(inputs)`` with these very arrays, unchanged, uses it. Local."""
+        self._prepared = None
+        if not self._together():
+            return
+        arrays = [x if isinstance(x, np.ndarray) else torch.as_tensor(x).numpy() for x in inputs]
+        self._prepared = (arrays, self._plan(self._keys(arrays)))
+
+    def _take_prepared(self, inputs):
+        p, self._prepared = self._prepared, None
+        if p is None or len(p[0]) != len(inputs) or not self._together():
+            return None
+        for a, x in zip(p[0], inputs):
+            if not (isinstance(x, torch.Tensor) and x.device.type == "cpu" and x.data_ptr() == a.ctypes.data
+                    and tuple(x.shape) == a.shape and x.dtype == torch.int64 and a.dtype == np.int64):
+                return None
+        return p[1]
+
     def prefetch(self, inputs, step: int, refresh_above: int | None = None) -> None:
         """Start each bag's pull for the forward of ``step`` on ``inputs`` (as ``forward`` takes
         them); see :meth:`ShardedEmbeddingBag.prefetch`. Local."""
@@ -323,13 +349,14 @@ class ShardedEmbeddingCollection(torch.nn.Module):
             b.prefetch(self._bag_ids(M, j), step, refresh_above=refresh_above)
 
     def forward(self, inputs) -> torch.Tensor:
-        M = self._keys(inputs)
-        n = M.shape[1]
-        together = self._together()
+        plan = self._take_prepared(inputs)
+        together = plan is not None or self._together()
         if together:
-            rows, index, uniqs, starts, sizes = self._pull_together(M)
+            rows, index, uniqs, starts, sizes = self._pull_together(plan or self._plan(self._keys(inputs)))
             rows = torch.from_numpy(rows)
         else:
+            M = self._keys(inputs)
+            n = M.shape[1]
             found = [b._lookup(torch.from_numpy(self._bag_ids(M, j))) for j, b in enumerate(self.bags)]
             uniqs = [p.uniq for p, _ in found]
             sizes = [u.size for u in uniqs]
@@ -358,7 +385,7 @@ class ShardedEmbeddingCollection(torch.nn.Module):
         t0 = time.perf_counter()
         g = _host(grad, scales.pop())
         # one check of the whole gradient; a non-finite sum leaves the per-table checks to name it
-        checked = checked_ids and bool(np.isfinite(g.sum(dtype=np.float64)))
+        checked = checked_ids and bool(np.isfinite(g).all())
         for b, uniq, s, k in zip(self.bags, uniqs, starts, sizes):
             b._send(uniq, g[s:s + k], t0, checked)
             t0 = time.perf_counter()

@@ -6,7 +6,8 @@ then serve, workers run the loop:
     step_begin(t) -> read own slice of global batch t -> forward (pulls rows)
     -> backward (autograd hooks collect the sparse gradients; dense buckets are
     all-reduced as they fill) -> push every table's gradients together
-    (push_many) -> step_end(t) -> read own slice of batch t+1 (while the other
+    (push_many) -> step_end(t) -> read own slice of batch t+1 (from the loader
+    process, ``pipeline.loader``) and check and index its ids (while the other
     workers finish and the PS applies step t) -> finish the dense all-reduce ->
     dense optimizer step
 
@@ -16,6 +17,7 @@ scaled by ``1/W``), so in ``sync`` mode training equals one process training
 on the whole global batch.
 """
 
+import contextlib
 import logging
 import os
 import time
@@ -28,6 +30,8 @@ from mpi4py import MPI
 from . import checkpoint as ckpt_mod
 from .config import Config, build_sparse_optimizer, parse_permissions, resolve_switch
 from .data import make_data
+from .data.loader import BatchAhead, placement
+from .data.loader import supported as loader_supported
 from .dense import DenseSync
 from .metrics import MetricsLog, auc, logloss, mae, rmse
 from .models import DLRM, MatrixFactorization
@@ -243,7 +247,9 @@ def train(cfg: Config) -> dict | None:
                        + (t._half.nbytes if t.pull_dtype != "float32" else 0)
                        + (t._inbox.nbytes if t._inbox is not None else 0) for t in tables)
         else:
-            summary, log = _work(cfg, ctx, data, tables, steps, start, resume_from, ckpt, stop, pipe)
+            loader = _loader(cfg, ctx, data, start, steps)
+            with loader or contextlib.nullcontext():
+                summary, log = _work(cfg, ctx, data, tables, steps, start, resume_from, ckpt, stop, pipe, loader)
             if summary is not None:
                 summary["restore_s"] = restore_s
         first_worker = ctx.worker_world_ranks[0]
@@ -303,7 +309,23 @@ def _peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def _work(cfg, ctx, data, tables, steps, start=0, resume_from=None, ckpt=None, stop=None, pipe=None):
+def _loader(cfg, ctx, data, start: int, steps: int) -> BatchAhead | None:
+    """This worker's :class:`BatchAhead` where ``pipeline.loader`` asks for one, else None. ``auto``:
+    where each worker and each loader of this node can have a CPU of its own (the PS ranks mostly
+    wait); then the worker and its loader are pinned apart (``hpcps.data.loader.placement``). Local."""
+    ps = set(ctx.ps_world_ranks)
+    here = sorted(r for r in ctx.node_ranks if r not in ps)
+    fits = 2 * len(here) <= ctx.node_cpus
+    where = placement(here.index(ctx.rank), len(here)) if fits else None
+    if not resolve_switch(cfg.pipeline.loader, where is not None) or steps - start < 2:
+        return None
+    if not loader_supported():
+        logger.warning("hpcps: pipeline.loader = on needs Linux on x86-64; drawing batches in the worker")
+        return None
+    return BatchAhead(data, start, steps, cpus=where, defer=True)
+
+
+def _work(cfg, ctx, data, tables, steps, start=0, resume_from=None, ckpt=None, stop=None, pipe=None, loader=None):
     W, comm = ctx.num_workers, ctx.worker_comm
     lead = ctx.worker_rank == 0
     torch.manual_seed(cfg.job.seed)
@@ -352,11 +374,14 @@ def _work(cfg, ctx, data, tables, steps, start=0, resume_from=None, ckpt=None, s
     last_step, loss_acc, n_acc = start, 0.0, 0
     pulls0 = [(t.stats.pull_seconds, t.stats.push_seconds) for t in tables]
     next_batch, pipe_totals = None, {}
+    draw = loader.train_batch if loader is not None else data.train_batch
     for step in range(start, steps):
         t0 = time.perf_counter()
         stale = ctx.step_begin(step)
+        if loader is not None:
+            loader.release()                # the loader draws while this worker computes (not while the PS applies)
         t1 = time.perf_counter()
-        batch = next_batch if next_batch is not None else data.train_batch(step)
+        batch = next_batch if next_batch is not None else draw(step)
         next_batch = None
         t2 = time.perf_counter()
         waits0 = _waits(embs)
@@ -368,7 +393,7 @@ def _work(cfg, ctx, data, tables, steps, start=0, resume_from=None, ckpt=None, s
             # step t+1's rows are read now, while step t's pushes may still land: a row stamped
             # above t - S afterwards is pulled again at t+1 (sync: S = 0), so nothing is missed
             td = time.perf_counter()
-            next_batch = data.train_batch(step + 1)
+            next_batch = draw(step + 1)
             t_data = time.perf_counter() - td
             refresh = None if kind == "async" else step - bound
             if isinstance(lookup, ShardedEmbeddingCollection):
@@ -388,7 +413,9 @@ def _work(cfg, ctx, data, tables, steps, start=0, resume_from=None, ckpt=None, s
         if next_batch is None and step + 1 < steps:
             # draw the next batch now: it fills time this worker would spend waiting for the other
             # workers' gradients and for the PS's apply of this step (the data depend on neither)
-            next_batch = data.train_batch(step + 1)
+            next_batch = draw(step + 1)
+            if isinstance(lookup, ShardedEmbeddingCollection):
+                lookup.prepare(next_batch.sparse)   # its ids checked and indexed now, not in the next forward
             t_early = time.perf_counter() - t3p
         dense.synchronize()
         t4 = time.perf_counter()
@@ -486,5 +513,7 @@ def _work(cfg, ctx, data, tables, steps, start=0, resume_from=None, ckpt=None, s
              "wait_policy": ctx.wait_policy, "node_cpus": ctx.node_cpus, "mpi_threads": _THREAD_LEVELS.get(
                  MPI.Query_thread(), str(MPI.Query_thread())),
              "max_staleness": max(flat) if flat else 0, "data": data.stats,
-             "pipeline": _pipeline_summary(pl, pipe, comm_thread, embs, pipe_totals)}
+             "pipeline": {**_pipeline_summary(pl, pipe, comm_thread, embs, pipe_totals),
+                          "loader": loader is not None,
+                          **({"loader_wait_s": round(loader.wait_s, 6)} if loader is not None else {})}}
     return final, log

@@ -80,6 +80,21 @@ def test_table_batching_changes_no_bit(tmp_path):
         np.testing.assert_array_equal(got[0][k], got[1][k], err_msg=k)
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_batch_loader_changes_no_bit(tmp_path, n):
+    # pipeline.loader: each worker's batches drawn ahead by a child process (auto turns it on for
+    # 1 PS + 1 worker on 2 CPUs, off for 2 workers); the same batches, so the same weights
+    got = []
+    for switch in ("on", "off"):
+        out = tmp_path / f"{switch}.npz"
+        final = _final(_train(n, [f"pipeline.loader={switch}", f"job.export={out}"]).stdout)
+        assert final["pipeline"]["loader"] is (switch == "on")
+        got.append(np.load(out))
+    assert set(got[0].files) == set(got[1].files) >= {"tables/cat0", "dense/top.0.weight"}
+    for k in got[0].files:
+        np.testing.assert_array_equal(got[0][k], got[1][k], err_msg=k)
+
+
 def test_sync_equals_torch_with_a_table_per_feature(tmp_path):
     _assert_equals_reference(tmp_path, 3, OPTIMIZERS[2] + ["model.fuse_tables=false"])
 
