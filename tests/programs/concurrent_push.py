@@ -5,6 +5,8 @@ With "stateful", gradients are staged and applied by the PS while workers keep
 pushing (async mode): nothing may be lost between a push and the PS's drain.
 LIST_ROWS sets the staged-row list's length (hpcps.sparse.table.STAGED_LIST_ROWS):
 a short one overflows, and the PS then finds the staged rows by scanning.
+Every other round pushes distinct sorted ids, which a PS on the same node takes
+through its hand-off slab (one push at a time; the others are staged meanwhile).
 """
 import sys
 
@@ -27,7 +29,8 @@ with hpcps.init(num_ps=num_ps, transport=transport, mode="async") as ctx:
     if ctx.is_ps:
         ctx.serve()
         st = t.stats
-        print(f"OK PS applies listed {st.applies_listed} scanned {st.applies_scanned}", flush=True)
+        print(f"OK PS applies listed {st.applies_listed} scanned {st.applies_scanned} slab {st.applies_slab}",
+              flush=True)
     else:
         w = ctx.worker_rank
         rng = np.random.default_rng(100 + w)
@@ -37,6 +40,8 @@ with hpcps.init(num_ps=num_ps, transport=transport, mode="async") as ctx:
             ctx.step_begin(r)
             ids = np.concatenate([np.arange(10), np.arange(10),          # hot rows, twice per batch
                                   rng.integers(0, N, 40)])
+            if r % 2:
+                ids = np.unique(ids)                                     # distinct and sorted
             vals = rng.integers(1, 5, size=(ids.size, D))
             t.push(ids, -vals.astype(np.float32))                       # SGD lr=1: w += vals
             np.add.at(mine, ids, vals)
