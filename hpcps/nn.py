@@ -285,7 +285,8 @@ class ShardedEmbeddingCollection(torch.nn.Module):
         """The ids of every logical table, checked, as keys: an int64 ``(tables, samples)`` array."""
         if len(inputs) != len(self._names):
             raise ValueError(f"ShardedEmbeddingCollection: {len(self._names)} tables, got ids for {len(inputs)}")
-        flat = [torch.as_tensor(x).reshape(-1).cpu().numpy() for x in inputs]
+        flat = [x.reshape(-1) if isinstance(x, np.ndarray) else torch.as_tensor(x).reshape(-1).cpu().numpy()
+                for x in inputs]
         n = flat[0].size
         if any(x.size != n for x in flat):
             raise ValueError(f"ShardedEmbeddingCollection: every table needs one id per sample, got "

@@ -350,6 +350,7 @@ def _work(cfg, ctx, data, tables, steps, start=0, resume_from=None, ckpt=None, s
     model = build_model(cfg, lookup, data).to(device)
     dense = DenseSync(model, comm, backend=cfg.model.dense_backend, bucket_mb=cfg.model.bucket_mb)
     opt = dense_optimizer(cfg.optimizer.dense, model.parameters())
+    dense_params = [p for g in opt.param_groups for p in g["params"]]
     sched = dense_schedule(cfg.optimizer.dense, steps)
     base_lrs = [g["lr"] for g in opt.param_groups]
     if resume_from is not None:
@@ -401,7 +402,8 @@ def _work(cfg, ctx, data, tables, steps, start=0, resume_from=None, ckpt=None, s
             else:
                 for e, ids in zip(embs, next_batch.sparse):
                     e.prefetch(ids, step + 1, refresh_above=refresh)
-        opt.zero_grad(set_to_none=True)
+        for p in dense_params:              # opt.zero_grad(set_to_none=True) without its ~50 us of wrappers
+            p.grad = None
         loss.backward()
         t3 = time.perf_counter()
         waits3 = _waits(embs)               # inline pulls happen inside forward/backward
