@@ -830,15 +830,20 @@ class EmbeddingTable:
         if int(listed[0]) == 0:
             self.stats.applies_slab += 1
             return rows, grads
+        self._stage_here(stage, flags, listed, rows, grads, rows)
+        return None
+
+    def _stage_here(self, stage, flags, listed, rows: np.ndarray, grads: np.ndarray, uniq: np.ndarray) -> None:
+        """PS holding its own shard lock: add ``grads`` to the staged gradients of ``rows`` (whose
+        distinct values are ``uniq``), flag and list the rows not staged yet. Local."""
         torch = _t()
         torch.from_numpy(stage).index_add_(0, torch.from_numpy(rows), torch.from_numpy(grads))
-        new = rows[flags[rows] == 0]
+        new = uniq[flags[uniq] == 0]
         flags[new] = 1
         n = int(listed[0])
         listed[0] = _listed(n, new.size, self._list_cap)
         if listed[0] > 0:
             listed[1 + n:1 + n + new.size] = new
-        return None
 
     def _drain_inbox(self, stage: np.ndarray, flags: np.ndarray, listed: np.ndarray) -> None:
         """PS holding its own shard lock, inside :meth:`_take_staged`: add the 16-bit pushes waiting
@@ -854,16 +859,7 @@ class EmbeddingTable:
         cap, dim = self._inbox_cap, self.dim
         rows = head[1:1 + k].copy()
         half = self._inbox.local(np.uint16)[(8 + 8 * cap) // 2:][:cap * dim].reshape(cap, dim)[:k]
-        torch = _t()
-        torch.from_numpy(stage).index_add_(0, torch.from_numpy(rows),
-                                           torch.from_numpy(_widen(half, self.push_dtype)))
-        uniq = np.unique(rows)
-        new = uniq[flags[uniq] == 0]
-        flags[new] = 1
-        n = int(listed[0])
-        listed[0] = _listed(n, new.size, self._list_cap)
-        if listed[0] > 0:
-            listed[1 + n:1 + n + new.size] = new
+        self._stage_here(stage, flags, listed, rows, _widen(half, self.push_dtype), np.unique(rows))
         head[0] = 0
         self._inbox.sync()
 
