@@ -114,6 +114,22 @@ def test_close_reaps_the_child_and_restores_the_affinity():
     assert os.sched_getaffinity(0) == before
 
 
+def test_the_child_leaves_stop_signals_to_its_worker():
+    # Slurm signals every process of a job step; the worker checkpoints, then closes the child
+    import signal
+    import time
+    data, ref = _synthetic(), _synthetic()
+    with BatchAhead(data, 0, 20) as loader:
+        loader.train_batch(0)
+        time.sleep(0.2)                                        # the child has set its handlers
+        os.kill(loader._pid, signal.SIGUSR1)
+        os.kill(loader._pid, signal.SIGTERM)
+        for step in range(1, 20):
+            _same(loader.train_batch(step), ref.train_batch(step))
+        pid = loader._pid
+    _gone(pid)
+
+
 def test_placement_needs_two_cpus():
     before = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {min(before)})

@@ -145,6 +145,10 @@ class BatchAhead:
             pass
         if os.getppid() == 1:
             return
+        # a stop signal (Slurm's SIGUSR1 before the time limit, SIGTERM at it) reaches every process
+        # of the job step: the worker checkpoints and closes this child, which must not die first
+        for sig in (signal.SIGUSR1, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
         if cpus is not None:
             try:
                 os.sched_setaffinity(0, cpus[1])
