@@ -289,10 +289,12 @@ def _pipeline_rates(embs, totals: dict) -> dict:
     return out
 
 
-def _pipeline_summary(pl, pipe, comm_thread, embs, totals) -> dict:
+def _pipeline_summary(pl, pipe, comm_thread, embs, totals, loader) -> dict:
     _pipeline_rates(embs, totals)                      # counts since the last record
     out = {"prefetch": pipe["prefetch"], "background_push": comm_thread.enabled, "cache_rows": pl.cache_rows,
-           "pull_dtype": pl.pull_dtype, "push_dtype": pl.push_dtype}
+           "pull_dtype": pl.pull_dtype, "push_dtype": pl.push_dtype, "loader": loader is not None}
+    if loader is not None:
+        out["loader_wait_s"] = round(loader.wait_s, 6)
     if pl.cache_rows:
         out["cache_hit_rate"] = totals["hits"] / max(totals["lookups"], 1)
         out["cache_staleness"] = pl.cache_staleness
@@ -340,7 +342,7 @@ def _work(cfg, ctx, data, tables, steps, start=0, resume_from=None, ckpt=None, s
     pipe = pipe or {"prefetch": False, "background_push": False}
     comm_thread = CommThread(enabled=pipe["background_push"])
     # cache_rows is per feature table: a table-batched table caches that many rows per segment
-    caches = [RowCache(pl.cache_rows * len(t.segments or (t.name,)), t.dim, pl.cache_staleness)
+    caches = [RowCache(pl.cache_rows * len(t.logical), t.dim, pl.cache_staleness)
               if pl.cache_rows else None for t in tables]
     pushes = PushBatch(comm_thread)     # a step's pushes of every table go out together, after backward
     embs = [ShardedEmbeddingBag(t, mode="sum", grad_scale=1.0 / W, device=device, comm=comm_thread, cache=cache,
@@ -515,7 +517,5 @@ def _work(cfg, ctx, data, tables, steps, start=0, resume_from=None, ckpt=None, s
              "wait_policy": ctx.wait_policy, "node_cpus": ctx.node_cpus, "mpi_threads": _THREAD_LEVELS.get(
                  MPI.Query_thread(), str(MPI.Query_thread())),
              "max_staleness": max(flat) if flat else 0, "data": data.stats,
-             "pipeline": {**_pipeline_summary(pl, pipe, comm_thread, embs, pipe_totals),
-                          "loader": loader is not None,
-                          **({"loader_wait_s": round(loader.wait_s, 6)} if loader is not None else {})}}
+             "pipeline": _pipeline_summary(pl, pipe, comm_thread, embs, pipe_totals, loader)}
     return final, log

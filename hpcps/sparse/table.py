@@ -258,7 +258,6 @@ class EmbeddingTable:
         self.stateful = optimizer.stateful or pull_dtype != "float32" or push_dtype != "float32"
         self._applies = 0                       # PS: optimizer steps applied to this shard
         self._local = None                      # PS: views of its own memory (_ps_local)
-        self._slab_local = None                 # PS: its hand-off slab's (head, rows, grads)
         self._state = {}
         if self.stateful:                       # gradients are staged next to the rows
             self._stage = Window(ctx.world, local_rows * self._row_bytes, what=f"table {name!r} staging")
@@ -767,15 +766,17 @@ class EmbeddingTable:
         self._list.sync()
 
     def _ps_local(self):
-        """PS: ``(shard, state, (stage, flags, list))``, this rank's memory as the apply reads it (the
-        shard and the optimizer state as torch tensors): made once, since a window's memory stays put
+        """PS: ``(shard, state, (stage, flags, list, slab))``, this rank's memory as the apply reads it
+        (the shard and the optimizer state as torch tensors; the hand-off slab's ``(head, rows,
+        grads)``, or None without one): made once, since a window's memory stays put
         until ``free()`` (views made per apply cost ~17 us per table). Local."""
         if self._local is None:
             torch = _t()
             staged = None
             if self.stateful:
                 stage = self._stage.local().reshape(-1, self.dim)
-                staged = (stage, self._flags.local(np.uint8)[:stage.shape[0]], self._list.local(np.int64))
+                slab = self._slab_parts(self._slab.local(np.uint8), self._slab_cap) if self._slab is not None else None
+                staged = (stage, self._flags.local(np.uint8)[:stage.shape[0]], self._list.local(np.int64), slab)
             self._local = (torch.from_numpy(self.shard()), {k: torch.from_numpy(v) for k, v in self._state.items()},
                            staged)
         return self._local
@@ -785,14 +786,14 @@ class EmbeddingTable:
         reset to zero; ``None`` when nothing is staged. Local."""
         if not self.stateful or self._data.freed:
             return None
-        stage, flags, listed = self._ps_local()[2]
+        stage, flags, listed, slab = self._ps_local()[2]
         self._stage.sync()
         self._flags.sync()
         self._list.sync()
         self._drain_inbox(stage, flags, listed)
-        slab = self._take_slab(stage, flags, listed)
-        if slab is not None:
-            return slab
+        taken = self._take_slab(slab, stage, flags, listed)
+        if taken is not None:
+            return taken
         n = int(listed[0])
         rows = np.sort(listed[1:1 + n]) if n >= 0 else np.flatnonzero(flags)
         if n < 0:
@@ -810,16 +811,14 @@ class EmbeddingTable:
         self._flags.sync()
         return rows, grads
 
-    def _take_slab(self, stage: np.ndarray, flags: np.ndarray, listed: np.ndarray):
-        """PS holding its own shard lock, inside :meth:`_take_staged`: empty the hand-off slab. When
+    def _take_slab(self, slab, stage: np.ndarray, flags: np.ndarray, listed: np.ndarray):
+        """PS holding its own shard lock, inside :meth:`_take_staged`: empty the hand-off ``slab``. When
         nothing else is staged, return its ``(rows, grads)`` (one push's distinct rows: what the
         apply needs as they are); else add it to the staged gradients, flag and list its rows, and
         return None. Local."""
-        if self._slab is None:
+        if slab is None:
             return None
-        if self._slab_local is None:
-            self._slab_local = self._slab_parts(self._slab.local(np.uint8), self._slab_cap)
-        head, rows, grads = self._slab_local
+        head, rows, grads = slab
         self._slab.sync()
         k = int(head[0])
         if k == 0:
@@ -912,7 +911,6 @@ class EmbeddingTable:
             self._inbox.free()
         if self._slab is not None:
             self._slab_views = [None] * self.ctx.num_ps
-            self._slab_local = None
             self._slab.free()
         if self.stateful:
             self._list.free()
