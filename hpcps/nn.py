@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from .sparse.pipeline import CommThread, PushBatch
 from .sparse.validate import as_id_rows
 
-__all__ = ["ShardedEmbeddingBag", "ShardedEmbeddingCollection"]
+__all__ = ["IdPlan", "ShardedEmbeddingBag", "ShardedEmbeddingCollection"]
 
 # ShardedEmbeddingCollection finds a step's distinct rows with a flag per row of all its tables
 # up to this many rows in all (a pass over the flags costs less than a sort), else by sorting
@@ -220,6 +220,87 @@ class ShardedEmbeddingBag(torch.nn.Module):
         return f"table={self.table.name!r}, {self.num_embeddings}x{self.embedding_dim}, mode={self.mode!r}"
 
 
+class IdPlan:
+    """One step's ids of several tables' logical tables, checked and indexed together: what a
+    :class:`ShardedEmbeddingCollection` over bags of ``tables`` pulls and pushes by. It needs only
+    the tables' sizes (no communication), so ``hpcps train``'s batch loader makes it ahead in its
+    child process (:meth:`pack`, :meth:`unpack`). Local.
+    """
+
+    def __init__(self, tables):
+        # the logical tables, in order: each table's segments (or the table itself)
+        parts = [(j, seg, r) for j, t in enumerate(tables) for seg, _, r in t.logical]
+        self.names = [seg for _, seg, _ in parts]
+        bag_of = np.array([j for j, _, _ in parts])
+        self.rows = np.array([r for _, _, r in parts], np.int64)
+        # one key space: logical table t's row i is key bounds[t] + i; table j's keys are
+        # [bag_bounds[j], bag_bounds[j + 1]), its rows in order
+        self.bounds = np.concatenate([[0], np.cumsum(self.rows)])
+        self.bag_bounds = np.concatenate([[0], np.cumsum([t.num_rows for t in tables])])
+        self.tables_of = [np.flatnonzero(bag_of == j) for j in range(len(tables))]
+        self._seen = self._slot = None       # the one-pass unique's scratch (unique), made on first use
+
+    def unique(self, keys: np.ndarray):
+        """``np.unique(keys, return_inverse=True)`` with the inverse shaped like ``keys``. Up to
+        ``_MARK_ROWS`` rows in all, by marking the keys in a flag per row instead of sorting."""
+        total = int(self.bounds[-1])
+        if total > _MARK_ROWS:
+            uniq, inverse = np.unique(keys, return_inverse=True)
+            return uniq, inverse.reshape(keys.shape)
+        if self._seen is None:
+            self._seen, self._slot = np.zeros(total, np.bool_), np.empty(total, np.int64)
+        self._seen[keys] = True
+        uniq = np.flatnonzero(self._seen)
+        self._seen[uniq] = False
+        self._slot[uniq] = np.arange(uniq.size)
+        return uniq, self._slot[keys]
+
+    def keys(self, inputs) -> np.ndarray:
+        """The ids of every logical table, checked, as keys: an int64 ``(tables, samples)`` array."""
+        if len(inputs) != len(self.names):
+            raise ValueError(f"ShardedEmbeddingCollection: {len(self.names)} tables, got ids for {len(inputs)}")
+        flat = [x.reshape(-1) if isinstance(x, np.ndarray) else torch.as_tensor(x).reshape(-1).cpu().numpy()
+                for x in inputs]
+        n = flat[0].size
+        if any(x.size != n for x in flat):
+            raise ValueError(f"ShardedEmbeddingCollection: every table needs one id per sample, got "
+                             f"{[x.size for x in flat]} ids")
+        M = as_id_rows(self.names, flat, self.rows)            # (tables, samples)
+        M += self.bounds[:-1, None]
+        return M
+
+    def plan(self, inputs):
+        """One unique over every table's checked ids ``inputs``: ``(uniq, index (samples, tables)
+        into it, each table's first position in uniq and one past the last)``."""
+        uniq, index = self.unique(self.keys(inputs))
+        index = np.ascontiguousarray(index.T)                   # (samples, tables), as the gather reads it
+        return uniq, index, np.searchsorted(uniq, self.bag_bounds).tolist()
+
+    def pack(self, inputs) -> list:
+        """:meth:`plan` of ``inputs`` as ``(name, array)`` pairs of fixed shapes for one number of
+        samples (what :class:`hpcps.data.loader.BatchAhead` keeps beside a batch). Ids that fail the
+        checks give an empty plan: the worker's own :meth:`plan` then raises the error."""
+        n = np.asarray(inputs[0]).size if len(inputs) else 0
+        count, uniq = np.full(1, -1, np.int64), np.zeros(len(self.names) * n, np.int64)
+        index, cut = np.zeros((n, len(self.names)), np.int64), np.zeros(len(self.bag_bounds), np.int64)
+        try:
+            u, i, c = self.plan(inputs)
+        except ValueError:
+            u = None
+        if u is not None and i.shape == index.shape:
+            count[0] = u.size
+            uniq[:u.size], index[...], cut[:] = u, i, c
+        return [("plan_count", count), ("plan_uniq", uniq), ("plan_index", index), ("plan_cut", cut)]
+
+    @staticmethod
+    def unpack(arrays: dict):
+        """The plan :meth:`pack` stored in ``arrays`` (by name, the worker's own copies), or None. Local."""
+        count = int(arrays["plan_count"][0])
+        if count < 0:
+            return None
+        return arrays["plan_uniq"][:count], arrays["plan_index"], arrays["plan_cut"].tolist()
+
+
 class ShardedEmbeddingCollection(torch.nn.Module):
     """Several embedding tables of one dim looked up together, one id per sample and table (DLRM's
     categorical features). Worker ranks; local.
@@ -244,18 +325,13 @@ class ShardedEmbeddingCollection(torch.nn.Module):
             raise ValueError(f"ShardedEmbeddingCollection: every table must have one dim, got {sorted(dims)}")
         self.embedding_dim = dims.pop()
         self.device = self.bags[0].device
-        # the logical tables, in order: each bag's segments (or the bag's table itself)
-        parts = [(j, seg, r) for j, b in enumerate(self.bags) for seg, _, r in b.table.logical]
-        self._names = [seg for _, seg, _ in parts]
-        self._bag_of = np.array([j for j, _, _ in parts])
-        self._rows = np.array([r for _, _, r in parts], np.int64)
-        # one key space: logical table t's row i is key _bounds[t] + i; bag j's keys are
-        # [_bag_bounds[j], _bag_bounds[j + 1]), its table's rows in order
-        self._bounds = np.concatenate([[0], np.cumsum(self._rows)])
-        self._bag_bounds = np.concatenate([[0], np.cumsum([b.num_embeddings for b in self.bags])])
-        self._tables_of = [np.flatnonzero(self._bag_of == j) for j in range(len(self.bags))]
-        self._seen = self._slot = None       # the one-pass unique's scratch (_unique), made on first use
-        self._prepared = None                # (the id arrays, their _plan) from prepare()
+        self._ids = IdPlan([b.table for b in self.bags])
+        self._names, self._bag_bounds, self._tables_of = self._ids.names, self._ids.bag_bounds, self._ids.tables_of
+        self._prepared = None                # (the id arrays, their plan) from prepare()
+        # called by the hook once every table's gradient is handed to its push: all of a step's
+        # sparse gradients are known then, while backward still has the layers below to run
+        # (``hpcps train`` sends the step's pushes and reports the step done there)
+        self.after_push = None
 
     def __len__(self) -> int:
         """The number of logical tables (what ``forward`` takes ids for). Local."""
@@ -266,48 +342,12 @@ class ShardedEmbeddingCollection(torch.nn.Module):
         or a prefetch waiting, and every table's rows are float32 in this node's shared memory."""
         return all(b.cache is None and b._next is None and b.table._node_local for b in self.bags)
 
-    def _unique(self, keys: np.ndarray):
-        """``np.unique(keys, return_inverse=True)`` with the inverse shaped like ``keys``. Up to
-        ``_MARK_ROWS`` rows in all, by marking the keys in a flag per row instead of sorting."""
-        total = int(self._bounds[-1])
-        if total > _MARK_ROWS:
-            uniq, inverse = np.unique(keys, return_inverse=True)
-            return uniq, inverse.reshape(keys.shape)
-        if self._seen is None:
-            self._seen, self._slot = np.zeros(total, np.bool_), np.empty(total, np.int64)
-        self._seen[keys] = True
-        uniq = np.flatnonzero(self._seen)
-        self._seen[uniq] = False
-        self._slot[uniq] = np.arange(uniq.size)
-        return uniq, self._slot[keys]
-
-    def _keys(self, inputs) -> np.ndarray:
-        """The ids of every logical table, checked, as keys: an int64 ``(tables, samples)`` array."""
-        if len(inputs) != len(self._names):
-            raise ValueError(f"ShardedEmbeddingCollection: {len(self._names)} tables, got ids for {len(inputs)}")
-        flat = [x.reshape(-1) if isinstance(x, np.ndarray) else torch.as_tensor(x).reshape(-1).cpu().numpy()
-                for x in inputs]
-        n = flat[0].size
-        if any(x.size != n for x in flat):
-            raise ValueError(f"ShardedEmbeddingCollection: every table needs one id per sample, got "
-                             f"{[x.size for x in flat]} ids")
-        M = as_id_rows(self._names, flat, self._rows)          # (tables, samples)
-        M += self._bounds[:-1, None]
-        return M
-
     def _bag_ids(self, M: np.ndarray, j: int) -> np.ndarray:
         """Bag ``j``'s rows for keys ``M``: its logical tables' keys, table by table, as rows of its table."""
         return (M[self._tables_of[j]] - self._bag_bounds[j]).reshape(-1)
 
-    def _plan(self, M):
-        """One unique over every table's keys ``M``: ``(uniq, index (samples, tables) into it, each
-        bag's first position in uniq and one past the last)``."""
-        uniq, index = self._unique(M)
-        index = np.ascontiguousarray(index.T)                   # (samples, tables), as the gather reads it
-        return uniq, index, np.searchsorted(uniq, self._bag_bounds).tolist()
-
     def _pull_together(self, plan):
-        """Every bag's distinct rows of ``plan`` (:meth:`_plan`) in one pass, each bag's rows read
+        """Every bag's distinct rows of ``plan`` (:meth:`IdPlan.plan`) in one pass, each bag's rows read
         straight into one buffer. Returns ``(rows, index, uniqs, starts, sizes)``: what the per-bag
         path gives."""
         uniq, index, cut = plan
@@ -322,15 +362,19 @@ class ShardedEmbeddingCollection(torch.nn.Module):
         sizes = [u.size for u in uniqs]
         return rows, index, uniqs, cut[:-1], sizes
 
-    def prepare(self, inputs) -> None:
+    def prepare(self, inputs, plan=None) -> None:
         """Check and index the ids ``inputs`` of a coming ``forward`` now, while there is time (a
         worker waiting for the PS's apply): that forward then starts with its pull. Only
-        ``forward(inputs)`` with these very arrays, unchanged, uses it. Local."""
+        ``forward(inputs)`` with these very arrays, unchanged, uses it. ``plan``: their
+        :meth:`IdPlan.plan`, made already (by the batch loader, :meth:`IdPlan.unpack`). Local."""
         self._prepared = None
         if not self._together():
             return
         arrays = [x if isinstance(x, np.ndarray) else torch.as_tensor(x).numpy() for x in inputs]
-        self._prepared = (arrays, self._plan(self._keys(arrays)))
+        if plan is None or plan[1].shape != (arrays[0].size if arrays else 0, len(self._names)) \
+                or len(plan[2]) != len(self._bag_bounds):
+            plan = self._ids.plan(arrays)
+        self._prepared = (arrays, plan)
 
     def _take_prepared(self, inputs):
         p, self._prepared = self._prepared, None
@@ -345,7 +389,7 @@ class ShardedEmbeddingCollection(torch.nn.Module):
     def prefetch(self, inputs, step: int, refresh_above: int | None = None) -> None:
         """Start each bag's pull for the forward of ``step`` on ``inputs`` (as ``forward`` takes
         them); see :meth:`ShardedEmbeddingBag.prefetch`. Local."""
-        M = self._keys(inputs)
+        M = self._ids.keys(inputs)
         for j, b in enumerate(self.bags):
             b.prefetch(self._bag_ids(M, j), step, refresh_above=refresh_above)
 
@@ -353,10 +397,10 @@ class ShardedEmbeddingCollection(torch.nn.Module):
         plan = self._take_prepared(inputs)
         together = plan is not None or self._together()
         if together:
-            rows, index, uniqs, starts, sizes = self._pull_together(plan or self._plan(self._keys(inputs)))
+            rows, index, uniqs, starts, sizes = self._pull_together(plan or self._ids.plan(inputs))
             rows = torch.from_numpy(rows)
         else:
-            M = self._keys(inputs)
+            M = self._ids.keys(inputs)
             n = M.shape[1]
             found = [b._lookup(torch.from_numpy(self._bag_ids(M, j))) for j, b in enumerate(self.bags)]
             uniqs = [p.uniq for p, _ in found]
@@ -382,11 +426,13 @@ class ShardedEmbeddingCollection(torch.nn.Module):
         if len(scales) > 1:
             for b, uniq, s, k in zip(self.bags, uniqs, starts, sizes):
                 b._push(uniq, grad[s:s + k])
-            return
-        t0 = time.perf_counter()
-        g = _host(grad, scales.pop())
-        # one check of the whole gradient; a non-finite sum leaves the per-table checks to name it
-        checked = checked_ids and bool(np.isfinite(g).all())
-        for b, uniq, s, k in zip(self.bags, uniqs, starts, sizes):
-            b._send(uniq, g[s:s + k], t0, checked)
+        else:
             t0 = time.perf_counter()
+            g = _host(grad, scales.pop())
+            # one check of the whole gradient; a non-finite sum leaves the per-table checks to name it
+            checked = checked_ids and bool(np.isfinite(g).all())
+            for b, uniq, s, k in zip(self.bags, uniqs, starts, sizes):
+                b._send(uniq, g[s:s + k], t0, checked)
+                t0 = time.perf_counter()
+        if self.after_push is not None:
+            self.after_push()

@@ -9,6 +9,7 @@ import pytest
 from hpcps.data.base import Batch
 from hpcps.data.loader import BatchAhead, placement, supported
 from hpcps.data.synthetic import SyntheticCTR
+from hpcps.nn import IdPlan
 
 pytestmark = pytest.mark.skipif(not supported(), reason="the loader runs on Linux x86-64 only")
 
@@ -142,3 +143,55 @@ def test_placement_needs_two_cpus():
 def test_bad_depth_is_refused():
     with pytest.raises(ValueError, match="depth must be >= 1"):
         BatchAhead(_synthetic(), 0, 10, depth=0)
+
+
+class _Table:
+    """What IdPlan reads of an EmbeddingTable: its logical tables (name, first row, rows) and size."""
+
+    def __init__(self, *logical):
+        self.logical, self.num_rows = list(logical), sum(r for *_, r in logical)
+
+
+def _plan():
+    # two tables of the synthetic source's three ids, one batched (two logical tables), one not
+    return IdPlan([_Table(("f0", 0, 500), ("f1", 500, 500)), _Table(("f2", 0, 500))])
+
+
+def _same_plan(got, want):
+    assert len(got) == len(want) == 3
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[1])
+    assert list(got[2]) == list(want[2])
+
+
+def test_the_child_makes_each_batchs_id_plan():
+    data, ref = _synthetic(), _synthetic()
+    here = _plan()
+
+    def annex(batch):
+        return here.pack(batch.sparse)
+    with BatchAhead(data, 0, 12, annex=annex) as loader:
+        assert loader.train_batch(0) is not None and loader.annex_of(0) is None   # drawn here, no annex
+        for step in range(1, 12):
+            batch = loader.train_batch(step)
+            _same(batch, ref.train_batch(step))
+            assert loader.annex_of(step + 1) is None
+            made = IdPlan.unpack(loader.annex_of(step))
+            _same_plan(made, _plan().plan(batch.sparse))
+            uniq, index, cut = made
+            assert len(cut) == 3 and cut[0] == 0 and cut[-1] == uniq.size
+            keys = np.stack(batch.sparse).T + np.array([0, 500, 0])
+            bag = np.array([0, 0, 1000])
+            np.testing.assert_array_equal(uniq[index], keys + bag)      # the key of each sample's id
+
+
+def test_ids_that_fail_the_checks_give_no_plan():
+    plan = _plan()
+    good = [np.array([1, 2, 499]), np.array([0, 0, 3]), np.array([7, 7, 7])]
+    _same_plan(IdPlan.unpack(dict(plan.pack(good))), plan.plan(good))
+    bad = [np.array([1, 2, 500]), good[1], good[2]]
+    assert IdPlan.unpack(dict(plan.pack(bad))) is None          # the worker's own plan names the table
+    with pytest.raises(ValueError, match="table 'f0': id 500 out of range"):
+        plan.plan(bad)
+    fields = dict(plan.pack(bad))
+    assert {k: v.shape for k, v in fields.items()} == {k: v.shape for k, v in plan.pack(good)}   # one layout

@@ -87,15 +87,21 @@ class BatchAhead:
     ``train_batch`` must be asked for the steps in order (what ``hpcps train`` does); any other
     step is drawn in this process. ``cpus``: :func:`placement`'s answer, or None to leave both
     processes where the system puts them. ``defer``: slots come back to the child only at
-    :meth:`release`. ``wait_s``: seconds this process waited for the child.
+    :meth:`release`. ``annex``: a function of a batch giving ``(name, array)`` pairs of one shape for
+    batches of one shape, which the child also computes for each batch (``hpcps train``: the ids'
+    :meth:`hpcps.nn.IdPlan.pack`); :meth:`annex_of` gives them. ``wait_s``: seconds this process
+    waited for the child.
     """
 
-    def __init__(self, data, start: int, stop: int, depth: int = 2, cpus=None, defer: bool = False):
+    def __init__(self, data, start: int, stop: int, depth: int = 2, cpus=None, defer: bool = False,
+                 annex=None):
         if depth < 1:
             raise ValueError(f"BatchAhead: depth must be >= 1, got {depth}")
         if not supported():
             raise RuntimeError("BatchAhead needs Linux on x86-64 (see hpcps.data.loader.supported)")
         self.data, self.start, self.stop, self.depth, self.defer = data, start, stop, depth, defer
+        self.annex = annex
+        self._annexed = (None, None)                        # (step, its annex arrays) of the last batch taken
         self.next = start
         self.wait_s = 0.0
         self._pid = None
@@ -106,11 +112,12 @@ class BatchAhead:
             return
         self._layout = []
         off = _HEADER + _ERR_BYTES
-        for name, a in _fields(self._first):
+        for name, a in self._fields(self._first):
             a = np.asarray(a)
             self._layout.append((name, a.dtype, a.shape, off))
             off += -(-a.nbytes // 64) * 64
         self._slot_bytes = off - _HEADER - _ERR_BYTES
+        self._annexes = len(self._layout) - len(_fields(self._first))
         self._has_truth = self._first.truth is not None
         self._map = mmap.mmap(-1, _HEADER + _ERR_BYTES + depth * self._slot_bytes)
         self._head = np.frombuffer(self._map, np.int64, 8, 0)
@@ -198,8 +205,11 @@ class BatchAhead:
         return {name: np.ndarray(shape, dtype, self._map, base + off)
                 for name, dtype, shape, off in self._layout}
 
+    def _fields(self, batch: Batch):
+        return _fields(batch) + (list(self.annex(batch)) if self.annex is not None else [])
+
     def _write(self, k: int, batch: Batch) -> bool:
-        arrays = _fields(batch)
+        arrays = self._fields(batch)
         if (batch.truth is not None) != self._has_truth or len(arrays) != len(self._layout):
             return False
         slot = self._slot(k)
@@ -245,10 +255,18 @@ class BatchAhead:
         sparse = [slot[f"sparse{t}"].copy() for t in range(len(self._first.sparse))]
         batch = Batch(slot["dense"].copy(), sparse, slot["labels"].copy(),
                       slot["truth"].copy() if self._has_truth else None)
+        if self.annex is not None:
+            extra = self._layout[len(self._layout) - self._annexes:]
+            self._annexed = (step, {name: slot[name].copy() for name, *_ in extra})
         self._taken = j + 1
         if not self.defer:
             self.release()
         return batch
+
+    def annex_of(self, step: int) -> dict | None:
+        """The annex arrays (by name) the child made with batch ``step``, if that is the last batch
+        :meth:`train_batch` took from the child, else None. Local."""
+        return self._annexed[1] if self._annexed[0] == step else None
 
     def release(self) -> None:
         """Let the child reuse the slots of the batches taken so far (``train_batch`` does this itself

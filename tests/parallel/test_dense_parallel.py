@@ -8,7 +8,7 @@ from mpi4py import MPI
 
 import hpcps
 from hpcps.dense import DenseSync
-from hpcps.nn import ShardedEmbeddingBag, ShardedEmbeddingCollection
+from hpcps.nn import IdPlan, ShardedEmbeddingBag, ShardedEmbeddingCollection
 
 
 def _net(seed):
@@ -227,8 +227,18 @@ def test_collection_in_one_pass_matches_the_bags_one_by_one():
         out = coll(ids)
         for j, (t, x) in enumerate(zip(a, ids)):
             torch.testing.assert_close(out[:, j], torch.from_numpy(t.pull(x.numpy())), rtol=0, atol=0)
+        # the plan the batch loader's child makes (IdPlan over the same tables, passed as arrays)
+        made = IdPlan.unpack({k: v.copy() for k, v in IdPlan(a).pack([x.numpy() for x in ids])})
+        coll.prepare(ids, made)
+        assert coll._prepared[1] is made
+        torch.testing.assert_close(coll(ids), out, rtol=0, atol=0)
+        assert coll._prepared is None
         sep = torch.stack([bag(x.view(-1, 1)) for bag, x in zip(bags, ids)], dim=1)
+        reported = []
+        coll.after_push = lambda: reported.append(len(batch._items))    # every table's push is in the batch
         _push_one_sync_step(ctx, batch, [out, sep])
+        assert reported == [T]
+        coll.after_push = None
         for ta, tb, a0, b0 in zip(a, b, before_a, before_b):
             moved = ta.pull(everything) - a0
             assert np.abs(moved).max() > 0
