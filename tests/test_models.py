@@ -20,6 +20,12 @@ def test_pairwise_dots_match_bmm_of_the_lower_triangle():
     torch.testing.assert_close(gg, gw, rtol=1e-12, atol=1e-12)
     assert torch.autograd.gradcheck(lambda x: pairwise_dots(x, torch.tensor([1, 7, 11])),
                                     (torch.randn(3, 4, 2, dtype=torch.float64, requires_grad=True),))
+    # float32: the mirrored copy gives the bits of (G + G^T) T, the sum it replaced
+    T32 = T.detach().float().requires_grad_()
+    g32 = g.float()
+    (got32,) = torch.autograd.grad(pairwise_dots(T32, i * 6 + j), T32, g32)
+    G = torch.zeros(32, 36).index_copy_(1, i * 6 + j, g32).view(32, 6, 6)
+    assert torch.equal(got32, torch.bmm(G + G.transpose(1, 2), T32.detach()))
 
 
 def test_gather_matches_embedding_with_repeated_rows():

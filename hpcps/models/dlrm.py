@@ -19,7 +19,9 @@ def mlp(sizes, last_activation: bool) -> nn.Sequential:
 
 class _PairwiseDots(torch.autograd.Function):
     """``bmm(T, T^T)`` read at the flat positions ``pairs``: autograd's own graph for that costs two
-    ``bmm`` and a scatter in backward; the gradient ``(G + G^T) T`` needs one ``bmm``."""
+    ``bmm`` and a scatter in backward; the gradient ``(G + G^T) T`` needs one ``bmm``. No pair comes
+    with its mirror or on the diagonal, so ``G + G^T`` is ``grad`` copied to both ``(i, j)`` and
+    ``(j, i)``: the same bits (each sum added a zero), without the add."""
 
     @staticmethod
     def forward(ctx, T, pairs):
@@ -31,8 +33,9 @@ class _PairwiseDots(torch.autograd.Function):
     def backward(ctx, grad):
         T, pairs = ctx.saved_tensors
         B, n, _ = T.shape
-        G = grad.new_zeros((B, n * n)).index_copy_(1, pairs, grad).view(B, n, n)
-        return torch.bmm(G + G.transpose(1, 2), T), None
+        mirrored = (pairs % n) * n + pairs // n
+        G = grad.new_zeros((B, n * n)).index_copy_(1, pairs, grad).index_copy_(1, mirrored, grad)
+        return torch.bmm(G.view(B, n, n), T), None
 
 
 def pairwise_dots(T: torch.Tensor, pairs: torch.Tensor) -> torch.Tensor:
