@@ -14,8 +14,7 @@ import traceback
 
 from mpi4py import MPI
 
-from . import _wait
-from . import _malloc
+from . import _malloc, _wait
 from .errors import FreedError, RoleError
 from .layout import check_launch, check_num_ps, spread_ps
 from .sparse.control import StepControl, parse_mode
