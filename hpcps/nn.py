@@ -287,7 +287,7 @@ class IdPlan:
             u, i, c = self.plan(inputs)
         except ValueError:
             u = None
-        if u is not None and i.shape == index.shape:
+        if u is not None:
             count[0] = u.size
             uniq[:u.size], index[...], cut[:] = u, i, c
         return [("plan_count", count), ("plan_uniq", uniq), ("plan_index", index), ("plan_cut", cut)]
@@ -326,7 +326,6 @@ class ShardedEmbeddingCollection(torch.nn.Module):
         self.embedding_dim = dims.pop()
         self.device = self.bags[0].device
         self._ids = IdPlan([b.table for b in self.bags])
-        self._names, self._bag_bounds, self._tables_of = self._ids.names, self._ids.bag_bounds, self._ids.tables_of
         self._prepared = None                # (the id arrays, their plan) from prepare()
         # called by the hook once every table's gradient is handed to its push: all of a step's
         # sparse gradients are known then, while backward still has the layers below to run
@@ -335,7 +334,7 @@ class ShardedEmbeddingCollection(torch.nn.Module):
 
     def __len__(self) -> int:
         """The number of logical tables (what ``forward`` takes ids for). Local."""
-        return len(self._names)
+        return len(self._ids.names)
 
     def _together(self) -> bool:
         """Whether this step's pulls can go in one pass (:meth:`_pull_together`): no bag has a cache
@@ -344,7 +343,7 @@ class ShardedEmbeddingCollection(torch.nn.Module):
 
     def _bag_ids(self, M: np.ndarray, j: int) -> np.ndarray:
         """Bag ``j``'s rows for keys ``M``: its logical tables' keys, table by table, as rows of its table."""
-        return (M[self._tables_of[j]] - self._bag_bounds[j]).reshape(-1)
+        return (M[self._ids.tables_of[j]] - self._ids.bag_bounds[j]).reshape(-1)
 
     def _pull_together(self, plan):
         """Every bag's distinct rows of ``plan`` (:meth:`IdPlan.plan`) in one pass, each bag's rows read
@@ -355,7 +354,7 @@ class ShardedEmbeddingCollection(torch.nn.Module):
         uniqs = []
         for j, b in enumerate(self.bags):
             t0 = time.perf_counter()
-            part = uniq[cut[j]:cut[j + 1]] - self._bag_bounds[j]
+            part = uniq[cut[j]:cut[j + 1]] - self._ids.bag_bounds[j]
             b.table._gather_local(part, rows[cut[j]:cut[j + 1]])
             uniqs.append(part)
             b.pull_wait_s += time.perf_counter() - t0
@@ -371,8 +370,8 @@ class ShardedEmbeddingCollection(torch.nn.Module):
         if not self._together():
             return
         arrays = [x if isinstance(x, np.ndarray) else torch.as_tensor(x).numpy() for x in inputs]
-        if plan is None or plan[1].shape != (arrays[0].size if arrays else 0, len(self._names)) \
-                or len(plan[2]) != len(self._bag_bounds):
+        if plan is None or plan[1].shape != (arrays[0].size if arrays else 0, len(self._ids.names)) \
+                or len(plan[2]) != len(self._ids.bag_bounds):
             plan = self._ids.plan(arrays)
         self._prepared = (arrays, plan)
 
@@ -407,9 +406,9 @@ class ShardedEmbeddingCollection(torch.nn.Module):
             sizes = [u.size for u in uniqs]
             starts = np.cumsum([0] + sizes[:-1]).tolist()
             rows = torch.from_numpy(np.concatenate([r for _, r in found]) if len(found) > 1 else found[0][1])
-            index = np.empty((n, len(self._names)), np.int64)     # (samples, tables) rows of the leaf
+            index = np.empty((n, len(self._ids.names)), np.int64)     # (samples, tables) rows of the leaf
             for j, ((p, _), s) in enumerate(zip(found, starts)):
-                tables = self._tables_of[j]
+                tables = self._ids.tables_of[j]
                 index[:, tables] = p.inverse.reshape(tables.size, n).T + s
         if self.device.type != "cpu":
             rows = rows.to(self.device, non_blocking=True)

@@ -6,10 +6,11 @@ then serve, workers run the loop:
     step_begin(t) -> read own slice of global batch t -> forward (pulls rows)
     -> backward (autograd hooks collect the sparse gradients; dense buckets are
     all-reduced as they fill) -> push every table's gradients together
-    (push_many) -> step_end(t) -> read own slice of batch t+1 (from the loader
-    process, ``pipeline.loader``) and check and index its ids (while the other
-    workers finish and the PS applies step t) -> finish the dense all-reduce ->
-    dense optimizer step
+    (push_many) -> step_end(t) (with the loader's id plans, both from the
+    embeddings' hook, while the bottom MLP still runs backward) -> read own
+    slice of batch t+1 (from the loader process, ``pipeline.loader``) and check
+    and index its ids (while the other workers finish and the PS applies step
+    t) -> finish the dense all-reduce -> dense optimizer step
 
 Each worker's loss is its share of the global-batch mean (``sum / B * W``;
 the dense all-reduce averages over W workers and sparse gradients are pushed
