@@ -3,8 +3,12 @@
 import torch
 import torch.nn.functional as F
 
-from hpcps.models.dlrm import DLRM, pairwise_dots
-from hpcps.nn import _gather
+from hpcps.models.dlrm import DLRM, pair_spread, pairwise_dots
+import numpy as np
+import pytest
+
+from hpcps import nn as hnn
+from hpcps.nn import _gather, csr_pattern
 
 
 def test_pairwise_dots_match_bmm_of_the_lower_triangle():
@@ -26,6 +30,13 @@ def test_pairwise_dots_match_bmm_of_the_lower_triangle():
     (got32,) = torch.autograd.grad(pairwise_dots(T32, i * 6 + j), T32, g32)
     G = torch.zeros(32, 36).index_copy_(1, i * 6 + j, g32).view(32, 6, 6)
     assert torch.equal(got32, torch.bmm(G + G.transpose(1, 2), T32.detach()))
+    # the spread matrix DLRM keeps as a buffer: a 1 at each pair and at its mirror, nothing else
+    spread = pair_spread(i * 6 + j, 6)
+    assert spread.shape == (15, 36) and torch.equal(spread.sum(1), torch.full((15,), 2.0))
+    assert torch.equal(spread[torch.arange(15), j * 6 + i], torch.ones(15))
+    assert torch.equal(torch.mm(g32, spread).view(32, 6, 6), G + G.transpose(1, 2))
+    (given,) = torch.autograd.grad(pairwise_dots(T32, i * 6 + j, spread), T32, g32)
+    assert torch.equal(given, got32)
 
 
 def test_gather_matches_embedding_with_repeated_rows():
@@ -41,6 +52,29 @@ def test_gather_matches_embedding_with_repeated_rows():
     assert gg[[1, 2, 4]].abs().sum() == 0          # rows nobody read get no gradient
     with torch.no_grad():                          # evaluation: no graph, the same values
         assert torch.equal(_gather(w, index), want)
+    # with the index's CSR pattern the backward is a sparse product: the same sums
+    csr = csr_pattern(index.numpy(), 10)
+    crow, col = csr
+    np.testing.assert_array_equal(crow, [0, 2, 2, 2, 5, 5, 5, 5, 5, 5, 6])
+    np.testing.assert_array_equal(col, [0, 5, 1, 2, 3, 4])      # row 0 is read at 0 and 5, row 3 at 1-3, row 9 at 4
+    got = _gather(w, index, csr)
+    assert torch.equal(got, want)
+    (gc,) = torch.autograd.grad(got, w, g)
+    torch.testing.assert_close(gc, gw, rtol=1e-12, atol=1e-12)
+
+
+def test_csr_pattern_sums_like_index_add_and_stops_at_its_bound(monkeypatch):
+    rng = np.random.default_rng(3)
+    index = rng.zipf(1.3, (256, 8)) % 300
+    rows = int(index.max()) + 1
+    g = torch.randn(256, 8, 16)
+    w = torch.zeros(rows, 16, requires_grad=True)
+    (plain,) = torch.autograd.grad(_gather(w, torch.from_numpy(index)), w, g)
+    (sparse,) = torch.autograd.grad(_gather(w, torch.from_numpy(index), csr_pattern(index, rows)), w, g)
+    torch.testing.assert_close(sparse, plain, rtol=1e-5, atol=1e-5)      # float32 sums, rounded in another order
+    assert csr_pattern(np.zeros(0, np.int64), 0) is None
+    monkeypatch.setattr(hnn, "_CSR_LOOKUPS", index.size - 1)    # past the bound: index_add_ instead
+    assert csr_pattern(index, rows) is None
 
 
 def test_dlrm_gradients_equal_the_plain_autograd_model():

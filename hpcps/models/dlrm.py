@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 
-__all__ = ["DLRM", "mlp", "pairwise_dots"]
+__all__ = ["DLRM", "mlp", "pair_spread", "pairwise_dots"]
 
 
 def mlp(sizes, last_activation: bool) -> nn.Sequential:
@@ -21,27 +21,44 @@ class _PairwiseDots(torch.autograd.Function):
     """``bmm(T, T^T)`` read at the flat positions ``pairs``: autograd's own graph for that costs two
     ``bmm`` and a scatter in backward; the gradient ``(G + G^T) T`` needs one ``bmm``. No pair comes
     with its mirror or on the diagonal, so ``G + G^T`` is ``grad`` copied to both ``(i, j)`` and
-    ``(j, i)``: the same bits (each sum added a zero), without the add."""
+    ``(j, i)``: the same bits (each sum added a zero), without the add. That copy is one small
+    matrix product, ``grad @ spread`` (:func:`pair_spread`: a single 1 per column that a pair
+    fills), ~2x faster on CPU than zeros and two ``index_copy_``, and the same bits for finite
+    gradients (each entry is one ``grad`` value times 1, plus zeros)."""
 
     @staticmethod
-    def forward(ctx, T, pairs):
+    def forward(ctx, T, pairs, spread):
         B, n, _ = T.shape
-        ctx.save_for_backward(T, pairs)
+        ctx.save_for_backward(T, spread)
         return torch.bmm(T, T.transpose(1, 2)).view(B, n * n).index_select(1, pairs)
 
     @staticmethod
     def backward(ctx, grad):
-        T, pairs = ctx.saved_tensors
+        T, spread = ctx.saved_tensors
         B, n, _ = T.shape
-        mirrored = (pairs % n) * n + pairs // n
-        G = grad.new_zeros((B, n * n)).index_copy_(1, pairs, grad).index_copy_(1, mirrored, grad)
-        return torch.bmm(G.view(B, n, n), T), None
+        G = torch.mm(grad, spread)
+        return torch.bmm(G.view(B, n, n), T), None, None
 
 
-def pairwise_dots(T: torch.Tensor, pairs: torch.Tensor) -> torch.Tensor:
+def pair_spread(pairs: torch.Tensor, n: int, dtype=torch.float32, device=None) -> torch.Tensor:
+    """``(len(pairs), n * n)`` of zeros with a 1 at ``(p, pairs[p])`` and at its mirror ``(p, j * n +
+    i)``: ``grad @ pair_spread(...)`` is the symmetric ``(B, n * n)`` gradient of the pairwise dots
+    (what :class:`DLRM` keeps as a buffer beside its pairs). Local."""
+    pairs = pairs.to(device)
+    spread = torch.zeros((pairs.numel(), n * n), dtype=dtype, device=device)
+    rows = torch.arange(pairs.numel(), device=device)
+    spread[rows, pairs] = 1
+    spread[rows, (pairs % n) * n + pairs // n] = 1
+    return spread
+
+
+def pairwise_dots(T: torch.Tensor, pairs: torch.Tensor, spread: torch.Tensor | None = None) -> torch.Tensor:
     """``(B, n, d) -> (B, len(pairs))``: the dot products of the feature pairs ``(i, j)``, given as
-    flat indices ``i * n + j`` with ``i != j`` (each unordered pair at most once). Local."""
-    return _PairwiseDots.apply(T, pairs)
+    flat indices ``i * n + j`` with ``i != j`` (each unordered pair at most once). ``spread``:
+    :func:`pair_spread` of ``pairs`` for ``T``'s ``n``, dtype and device, made here if None. Local."""
+    if spread is None or spread.dtype != T.dtype or spread.device != T.device:
+        spread = pair_spread(pairs, T.shape[1], T.dtype, T.device)
+    return _PairwiseDots.apply(T, pairs, spread)
 
 
 class DLRM(nn.Module):
@@ -62,6 +79,7 @@ class DLRM(nn.Module):
         n = len(self.embeddings) + (1 if num_dense else 0)
         i, j = torch.tril_indices(n, n, offset=-1)       # strictly lower triangle, as flat indices
         self.register_buffer("_pairs", i * n + j, persistent=False)
+        self.register_buffer("_spread", pair_spread(self._pairs, n), persistent=False)
         top_in = (dim if num_dense else 0) + n * (n - 1) // 2
         self.top = mlp([top_in, *top_mlp, 1], last_activation=False)
 
@@ -74,6 +92,6 @@ class DLRM(nn.Module):
         else:
             feats = [emb(ids.view(-1, 1)) for emb, ids in zip(self.embeddings, sparse)]
             T = torch.stack(([x] if x is not None else []) + feats, dim=1)   # (B, n, dim)
-        inter = pairwise_dots(T, self._pairs)                # (B, n (n - 1) / 2)
+        inter = pairwise_dots(T, self._pairs, self._spread)              # (B, n (n - 1) / 2)
         top_in = torch.cat([x, inter], dim=1) if x is not None else inter
         return self.top(top_in).squeeze(1)
