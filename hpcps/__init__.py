@@ -17,6 +17,13 @@ import importlib
 import os
 import sys
 
+from . import _malloc
+
+# `hpcps train` starts itself again with glibc's per-thread cache of small chunks off, before MPI
+# starts (the tcache fragments a worker's heap: hpcps/_malloc.py); a program that imports hpcps
+# keeps its allocator
+_malloc.restart_without_tcache()
+
 # MPI starts at the first import of mpi4py.MPI (just below, unless the program imported it
 # already): ask for MPI_THREAD_SERIALIZED, not mpi4py's default MULTIPLE. Under MULTIPLE, MPICH
 # guards every call with a global lock and yields the CPU (sched_yield) while it progresses an

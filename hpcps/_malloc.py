@@ -1,29 +1,48 @@
-"""Keep the workers' heap from growing step after step.
+"""Keep the workers' heap from fragmenting step after step.
 
-A training step frees and allocates blocks of many sizes (the pulled rows, their gradients,
-the activations). glibc's heap fragments under that pattern: a worker of the main job grew
-from 390 MB to 1.3 GB of resident memory over 3000 steps (~0.35 MB per step). hpcps returns
-the free pages inside the heap to the system every ``TRIM_EVERY`` steps with
-``malloc_trim(0)`` (called by :meth:`hpcps.Context.step_end`), which keeps the resident size
-near flat (420-450 MB after 3000 steps). A trim took 6-10 ms in the main job's workers: under
-0.1 ms per step.
+A training step allocates and frees torch tensors of a few hundred KB (the activations, the
+pulled rows, their gradients). torch allocates them 64-byte aligned (``posix_memalign``), and
+glibc cuts the few bytes before and after each aligned block off as tiny free chunks. Its
+per-thread cache (tcache, up to 7 chunks of each small size) keeps such chunks "in use" as far
+as merging goes, so a freed block could not grow back to the size the next aligned request asks
+for (a little more than the block: the alignment's slack), and glibc took new memory from the top
+of the heap instead. A worker of the main job at 1 PS + 1 worker grew ~0.8 MB per step (2.6 GB
+after 3000 steps) and touched ~200 fresh pages per step, ~2 us each on the development VM:
+about 0.4 ms of a ~3 ms step. The single process of the benchmarks, whose own small allocations
+keep the cache drained, does not grow. With the cache off (glibc's tunable
+``glibc.malloc.tcache_count=0``) the same worker takes no new pages and stays at ~380 MB.
+
+glibc reads tunables only when a process starts. So ``hpcps train`` (``hpcps train ...``,
+``python -m hpcps train ...``, ``python -m mpi4py -m hpcps train ...``) starts itself once more with the
+tunable added to ``GLIBC_TUNABLES``, before MPI is initialised (:func:`restart_without_tcache`,
+called by ``import hpcps``). A program of your own that imports hpcps keeps its allocator: launch
+it with ``GLIBC_TUNABLES=glibc.malloc.tcache_count=0`` (``mpiexec -genv`` / ``-x`` / ``srun
+--export``); without it, the workers return the heap's free pages every ``TRIM_EVERY`` steps
+(``malloc_trim(0)`` from :meth:`hpcps.Context.step_end`, 6-10 ms a trim), which keeps the
+resident size near flat but not the pages fresh.
 
 An earlier fix pinned glibc's mmap threshold at 128 KiB instead: every block from 128 KiB up
-then got its own fresh mapping, so each step's activations page-faulted again, and a worker
-of 1 PS + 1 worker ran its torch operators ~1.5x slower (35% fewer samples/s).
+then got its own fresh mapping, and a worker ran its torch operators ~1.5x slower.
 
-Set ``HPCPS_MALLOC_TUNE=0`` to leave the allocator alone. Local.
+``HPCPS_MALLOC_TUNE=0`` leaves the allocator alone (no restart, no trim). Local.
 """
 
 import ctypes
 import os
 import platform
+import sys
 
-__all__ = ["TRIM_EVERY", "trim_heap"]
+__all__ = ["TRIM_EVERY", "TUNABLE", "mode", "restart_without_tcache", "trim_heap", "wants_restart"]
 
-TRIM_EVERY = 100        # steps between two trims of a worker's heap
+TRIM_EVERY = 100        # steps between two trims of a worker's heap, where the tcache is on
+TUNABLE = "glibc.malloc.tcache_count=0"
+_MARK = "HPCPS_MALLOC_RESTARTED"        # set in the restarted process: never restart twice
 
 _libc = None
+
+
+def _enabled(environ=os.environ) -> bool:
+    return environ.get("HPCPS_MALLOC_TUNE", "1") != "0" and platform.libc_ver()[0] == "glibc"
 
 
 def _glibc():
@@ -31,7 +50,7 @@ def _glibc():
     global _libc
     if _libc is None:
         _libc = False
-        if os.environ.get("HPCPS_MALLOC_TUNE", "1") != "0" and platform.libc_ver()[0] == "glibc":
+        if _enabled():
             try:
                 _libc = ctypes.CDLL("libc.so.6")
                 _libc.malloc_trim.argtypes = [ctypes.c_size_t]
@@ -40,10 +59,68 @@ def _glibc():
     return _libc
 
 
+def tcache_off(environ=os.environ) -> bool:
+    """Whether this process started with glibc's tcache off (``GLIBC_TUNABLES``). Local."""
+    return any(t.strip() == TUNABLE for t in environ.get("GLIBC_TUNABLES", "").split(":"))
+
+
+def mode() -> str:
+    """How this process keeps its heap: ``"tcache_off"``, ``"trim"`` or ``"off"``. Local."""
+    if not _enabled():
+        return "off"
+    return "tcache_off" if tcache_off() else "trim"
+
+
+def _hpcps_args(argv):
+    """The arguments of the ``hpcps`` command that ``argv`` (``sys.orig_argv``: the interpreter's own
+    command line) runs, or None: ``-m hpcps ...``, ``-m mpi4py -m hpcps ...`` or the console script."""
+    argv = list(argv)[1:]
+    for i, a in enumerate(argv):
+        if a == "-m":
+            if argv[i + 1:i + 2] == ["hpcps"]:
+                return argv[i + 2:]
+            if argv[i + 1:i + 4] == ["mpi4py", "-m", "hpcps"]:
+                return argv[i + 4:]
+            return None
+        if a == "-c":
+            return None
+        if not a.startswith("-"):
+            return argv[i + 1:] if os.path.basename(a) == "hpcps" else None
+    return None
+
+
+def wants_restart(argv, environ, modules) -> bool:
+    """Whether a process with command line ``argv``, environment ``environ`` and imported
+    ``modules`` should start again with the tcache off: ``hpcps train`` on glibc, MPI not
+    initialised yet, the tunable not set, not restarted already, not turned off. Local."""
+    if not _enabled(environ) or _MARK in environ or tcache_off(environ) or "mpi4py.MPI" in modules:
+        return False
+    args = _hpcps_args(argv)
+    return args is not None and "train" in args
+
+
+def restart_without_tcache() -> None:
+    """Replace this process by the same command with glibc's tcache off, where
+    :func:`wants_restart` says so; else return. Local; before MPI is initialised."""
+    argv = getattr(sys, "orig_argv", None)
+    if not argv or not wants_restart(argv, os.environ, sys.modules):
+        return
+    env = dict(os.environ)
+    env["GLIBC_TUNABLES"] = ":".join(t for t in (env.get("GLIBC_TUNABLES", ""), TUNABLE) if t)
+    env[_MARK] = "1"
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execve(sys.executable, argv, env)
+    except OSError:             # could not start again: carry on with the trim
+        pass
+
+
 def trim_heap() -> bool:
-    """Return the heap's free pages to the system (``malloc_trim(0)``). Local; True if it ran."""
+    """Return the heap's free pages to the system (``malloc_trim(0)``), where this process runs
+    with the tcache on. Local; True if it ran."""
     libc = _glibc()
-    if not libc:
+    if not libc or tcache_off():
         return False
     libc.malloc_trim(0)
     return True

@@ -197,7 +197,8 @@ class Context:
         """Worker, after every push of ``step`` returned. Local (one-sided).
 
         Every ``hpcps._malloc.TRIM_EVERY`` steps it then returns the heap's free pages to the
-        system (glibc ``malloc_trim``), so a long run's resident memory stays flat.
+        system (glibc ``malloc_trim``), so a long run's resident memory stays flat, unless the
+        process runs with glibc's tcache off (``hpcps train`` does; see ``hpcps._malloc``).
         """
         self._check_open()
         if not self.is_worker:

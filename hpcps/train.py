@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
+from . import _malloc
 from . import checkpoint as ckpt_mod
 from .config import Config, build_sparse_optimizer, parse_permissions, resolve_switch
 from .data import make_data
@@ -553,8 +554,8 @@ def _work(cfg, ctx, data, tables, steps, start=0, resume_from=None, ckpt=None, s
              "checkpoint_stall_s": max(ckpt.stall_seconds) if ckpt is not None and ckpt.stall_seconds else 0.0,
              "samples_per_s": ran * B / max(elapsed, 1e-9),
              "elapsed_s": elapsed, "num_ps": ctx.num_ps, "num_workers": W, "mode": ctx.mode,
-             "wait_policy": ctx.wait_policy, "node_cpus": ctx.node_cpus, "mpi_threads": _THREAD_LEVELS.get(
-                 MPI.Query_thread(), str(MPI.Query_thread())),
+             "wait_policy": ctx.wait_policy, "node_cpus": ctx.node_cpus, "malloc": _malloc.mode(),
+             "mpi_threads": _THREAD_LEVELS.get(MPI.Query_thread(), str(MPI.Query_thread())),
              "max_staleness": max(flat) if flat else 0, "data": data.stats,
              "pipeline": _pipeline_summary(pl, pipe, comm_thread, embs, pipe_totals, loader)}
     return final, log

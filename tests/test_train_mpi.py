@@ -245,23 +245,65 @@ def test_metrics_and_export_paths_get_their_directories(tmp_path):
     assert metrics.exists() and export.exists()
 
 
-def test_worker_memory_does_not_grow_with_steps():
-    # glibc's heap fragments under a training step's allocations: the workers grew ~0.35 MB per
-    # step of this job (1.3 GB after 3000 steps); hpcps trims the heap every 100 steps (hpcps/_malloc.py)
+# the same job as `hpcps train`, from a program that imports hpcps (no restart: glibc's defaults)
+_AS_LIBRARY = ("import sys; from hpcps.cli import main; sys.exit(main(sys.argv[1:]))",)
+
+
+@pytest.mark.parametrize("launch", ["command", "library"])
+def test_worker_memory_does_not_grow_with_steps(launch):
+    # glibc's tcache fragments a worker's heap under a training step's aligned allocations: the
+    # workers grew ~0.35-0.8 MB per step of this job (1.3-2.6 GB after 3000 steps). `hpcps train`
+    # restarts itself with the tcache off; a program of one's own gets a trim every 100 steps
+    # (hpcps/_malloc.py)
     peak = {}
     for steps in (100, 1000):
-        r = run_mpi(4, ["-m", "hpcps", "train", "--config", ROOT / "examples" / "ctr.toml", "--set",
-                        f"job.steps={steps}", "metrics.progress=false", "metrics.path=", "job.eval_every=0",
-                        "data.eval_samples=1000"], timeout=300)
-        peak[steps] = max(_final(r.stdout)["memory"]["worker_peak_rss_mb"])
+        args = ["train", "--config", ROOT / "examples" / "ctr.toml", "--set", f"job.steps={steps}",
+                "metrics.progress=false", "metrics.path=", "job.eval_every=0", "data.eval_samples=1000"]
+        r = run_mpi(4, ["-m", "hpcps", *args] if launch == "command" else ["-c", *_AS_LIBRARY, *args], timeout=300)
+        final = _final(r.stdout)
+        assert final["malloc"] == ("tcache_off" if launch == "command" else "trim")
+        peak[steps] = max(final["memory"]["worker_peak_rss_mb"])
     assert peak[1000] - peak[100] < 60, peak
+
+
+def test_hpcps_train_runs_with_the_tcache_off_unless_told():
+    assert _final(_train(2, ["job.steps=3", "metrics.path="]).stdout)["malloc"] == "tcache_off"
+    # tunables of the user's own are kept beside it
+    env = {"GLIBC_TUNABLES": "glibc.malloc.mxfast=64"}
+    assert _final(_train(2, ["job.steps=3", "metrics.path="], env=env).stdout)["malloc"] == "tcache_off"
+    assert _final(_train(2, ["job.steps=3", "metrics.path="], env={"HPCPS_MALLOC_TUNE": "0"}).stdout)["malloc"] == "off"
+
+
+@pytest.mark.parametrize("argv, restart", [
+    (["python", "-m", "hpcps", "train", "--config", "x.toml"], True),
+    (["python", "-u", "-m", "mpi4py", "-m", "hpcps", "train"], True),
+    (["/venv/bin/python", "/venv/bin/hpcps", "--log-level", "info", "train"], True),
+    (["python", "-m", "hpcps", "report", "results/"], False),          # no training: no restart
+    (["python", "-m", "mpi4py", "-m", "other", "train"], False),
+    (["python", "-m", "mpi4py", "prog.py", "hpcps", "train"], False),
+    (["python", "-c", "import hpcps", "-m", "hpcps", "train"], False),  # a program that imports hpcps
+    (["python", "my_train.py", "train"], False),
+    (["python"], False),
+])
+def test_only_hpcps_train_restarts(argv, restart):
+    from hpcps import _malloc
+    assert _malloc.wants_restart(argv, {}, {}) is restart
+    if restart:
+        assert not _malloc.wants_restart(argv, {"GLIBC_TUNABLES": "glibc.malloc.tcache_count=0"}, {})
+        assert not _malloc.wants_restart(argv, {"HPCPS_MALLOC_RESTARTED": "1"}, {})     # once only
+        assert not _malloc.wants_restart(argv, {"HPCPS_MALLOC_TUNE": "0"}, {})
+        assert not _malloc.wants_restart(argv, {}, {"mpi4py.MPI": object()})          # MPI started already
 
 
 def test_trim_heap_runs_on_glibc_and_can_be_turned_off(monkeypatch):
     from hpcps import _malloc
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
     monkeypatch.setattr(_malloc, "_libc", None)
     assert _malloc.trim_heap() is True                  # glibc (Debian) here and in CI
     assert _malloc.trim_heap() is True
     monkeypatch.setattr(_malloc, "_libc", None)
     monkeypatch.setenv("HPCPS_MALLOC_TUNE", "0")
     assert _malloc.trim_heap() is False
+    monkeypatch.delenv("HPCPS_MALLOC_TUNE")
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.tcache_count=0")     # nothing to trim then
+    assert _malloc.trim_heap() is False and _malloc.mode() == "tcache_off"
