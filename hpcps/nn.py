@@ -15,7 +15,6 @@ time, so a prefetch changes nothing in ``sync`` mode.
 """
 
 import time
-import warnings
 
 import numpy as np
 import torch
@@ -29,10 +28,6 @@ __all__ = ["IdPlan", "ShardedEmbeddingBag", "ShardedEmbeddingCollection"]
 # ShardedEmbeddingCollection finds a step's distinct rows with a flag per row of all its tables
 # up to this many rows in all (a pass over the flags costs less than a sort), else by sorting
 _MARK_ROWS = 1 << 20
-# a step's lookups up to this many (a stable uint16 radix sort orders them) get a CSR pattern for the
-# gather's backward: a sparse product then sums each row's gradients, ~3x faster than index_add_
-_CSR_LOOKUPS = 1 << 16
-_csr_warned = False
 
 
 def _host(grad: torch.Tensor, scale: float) -> np.ndarray:
@@ -41,59 +36,26 @@ def _host(grad: torch.Tensor, scale: float) -> np.ndarray:
     return g.detach().to("cpu", torch.float32).contiguous().numpy()
 
 
-def csr_pattern(index: np.ndarray, rows: int):
-    """The ``rows x index.size`` CSR pattern of the lookups ``index`` (flat, in ``[0, rows)``): row
-    ``r``'s columns are the positions that read row ``r``, in order. ``(crow, col)`` int64 arrays, or
-    None for more than ``_CSR_LOOKUPS`` lookups (or none). Local."""
-    flat = index.reshape(-1)
-    if not 0 < flat.size <= _CSR_LOOKUPS:
-        return None
-    col = np.argsort(flat.astype(np.uint16), kind="stable")     # radix sort: rows <= lookups <= 2^16
-    crow = np.zeros(rows + 1, np.int64)
-    np.cumsum(np.bincount(flat, minlength=rows), out=crow[1:])
-    return crow, col
-
-
-def _csr_sum(csr, rows: int, grad: torch.Tensor) -> torch.Tensor:
-    """``zeros(rows, d).index_add_(0, index, grad)`` as the sparse product of ``csr`` (:func:`csr_pattern`
-    of ``index``) and ``grad``: the same sums, rounded in another order."""
-    global _csr_warned
-    crow, col = (torch.from_numpy(a) for a in csr)
-    args = (crow, col, grad.new_ones(col.numel()))
-    if _csr_warned:
-        m = torch.sparse_csr_tensor(*args, size=(rows, grad.shape[0]), check_invariants=False)
-    else:                               # torch warns once that its CSR tensors are a beta feature
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
-            m = torch.sparse_csr_tensor(*args, size=(rows, grad.shape[0]), check_invariants=False)
-        _csr_warned = True
-    return torch.sparse.mm(m, grad)
-
-
 class _Gather(torch.autograd.Function):
     """``weight[index]`` for a leaf of pulled rows: ``F.embedding``'s result, with a backward that is
-    one ``index_add_`` into zeros (``F.embedding``'s dense backward costs ~2.5x that on CPU), or with
-    ``csr`` (:func:`csr_pattern` of ``index``; CPU) one sparse product: ~30 against ~110 us for the
-    main job's 8,192 lookups of 16 floats."""
+    one ``index_add_`` into zeros (``F.embedding``'s dense backward costs ~2.5x that on CPU)."""
 
     @staticmethod
-    def forward(ctx, weight, index, csr):
+    def forward(ctx, weight, index):
         ctx.save_for_backward(index)
-        ctx.rows, ctx.csr = weight.shape[0], csr
+        ctx.rows = weight.shape[0]
         return weight.index_select(0, index.reshape(-1)).view(*index.shape, weight.shape[1])
 
     @staticmethod
     def backward(ctx, grad):
         index, = ctx.saved_tensors
         grad = grad.reshape(-1, grad.shape[-1])
-        if ctx.csr is not None and grad.device.type == "cpu":
-            return _csr_sum(ctx.csr, ctx.rows, grad), None, None
         out = grad.new_zeros((ctx.rows, grad.shape[1]))
-        return out.index_add_(0, index.reshape(-1), grad), None, None
+        return out.index_add_(0, index.reshape(-1), grad), None
 
 
-def _gather(weight: torch.Tensor, index: torch.Tensor, csr=None) -> torch.Tensor:
-    return _Gather.apply(weight, index, csr) if weight.requires_grad else F.embedding(index, weight)
+def _gather(weight: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    return _Gather.apply(weight, index) if weight.requires_grad else F.embedding(index, weight)
 
 
 class _Prefetch:
@@ -309,33 +271,26 @@ class IdPlan:
 
     def plan(self, inputs):
         """One unique over every table's checked ids ``inputs``: ``(uniq, index (samples, tables)
-        into it, each table's first position in uniq and one past the last, the index's
-        :func:`csr_pattern` or None)``."""
+        into it, each table's first position in uniq and one past the last)``."""
         uniq, index = self.unique(self.keys(inputs))
         index = np.ascontiguousarray(index.T)                   # (samples, tables), as the gather reads it
-        return uniq, index, np.searchsorted(uniq, self.bag_bounds).tolist(), csr_pattern(index, uniq.size)
+        return uniq, index, np.searchsorted(uniq, self.bag_bounds).tolist()
 
     def pack(self, inputs) -> list:
         """:meth:`plan` of ``inputs`` as ``(name, array)`` pairs of fixed shapes for one number of
         samples (what :class:`hpcps.data.loader.BatchAhead` keeps beside a batch). Ids that fail the
         checks give an empty plan: the worker's own :meth:`plan` then raises the error."""
         n = np.asarray(inputs[0]).size if len(inputs) else 0
-        lookups = len(self.names) * n
-        count, uniq = np.full(1, -1, np.int64), np.zeros(lookups, np.int64)
+        count, uniq = np.full(1, -1, np.int64), np.zeros(len(self.names) * n, np.int64)
         index, cut = np.zeros((n, len(self.names)), np.int64), np.zeros(len(self.bag_bounds), np.int64)
-        fits = 0 < lookups <= _CSR_LOOKUPS                       # the csr pattern's arrays, if it has one
-        crow, col = np.zeros(lookups + 1 if fits else 0, np.int64), np.zeros(lookups if fits else 0, np.int64)
         try:
-            u, i, c, csr = self.plan(inputs)
+            u, i, c = self.plan(inputs)
         except ValueError:
             u = None
         if u is not None:
             count[0] = u.size
             uniq[:u.size], index[...], cut[:] = u, i, c
-            if csr is not None:
-                crow[:u.size + 1], col[:] = csr
-        return [("plan_count", count), ("plan_uniq", uniq), ("plan_index", index), ("plan_cut", cut),
-                ("plan_crow", crow), ("plan_col", col)]
+        return [("plan_count", count), ("plan_uniq", uniq), ("plan_index", index), ("plan_cut", cut)]
 
     @staticmethod
     def unpack(arrays: dict):
@@ -343,9 +298,7 @@ class IdPlan:
         count = int(arrays["plan_count"][0])
         if count < 0:
             return None
-        col = arrays["plan_col"]
-        csr = (arrays["plan_crow"][:count + 1], col) if col.size else None
-        return arrays["plan_uniq"][:count], arrays["plan_index"], arrays["plan_cut"].tolist(), csr
+        return arrays["plan_uniq"][:count], arrays["plan_index"], arrays["plan_cut"].tolist()
 
 
 class ShardedEmbeddingCollection(torch.nn.Module):
@@ -394,9 +347,9 @@ class ShardedEmbeddingCollection(torch.nn.Module):
 
     def _pull_together(self, plan):
         """Every bag's distinct rows of ``plan`` (:meth:`IdPlan.plan`) in one pass, each bag's rows read
-        straight into one buffer. Returns ``(rows, index, uniqs, starts, sizes, csr)``: what the per-bag
-        path gives, and the plan's CSR pattern of ``index``."""
-        uniq, index, cut, csr = plan
+        straight into one buffer. Returns ``(rows, index, uniqs, starts, sizes)``: what the per-bag
+        path gives."""
+        uniq, index, cut = plan
         rows = np.empty((uniq.size, self.embedding_dim), np.float32)
         uniqs = []
         for j, b in enumerate(self.bags):
@@ -406,7 +359,7 @@ class ShardedEmbeddingCollection(torch.nn.Module):
             uniqs.append(part)
             b.pull_wait_s += time.perf_counter() - t0
         sizes = [u.size for u in uniqs]
-        return rows, index, uniqs, cut[:-1], sizes, csr
+        return rows, index, uniqs, cut[:-1], sizes
 
     def prepare(self, inputs, plan=None) -> None:
         """Check and index the ids ``inputs`` of a coming ``forward`` now, while there is time (a
@@ -443,10 +396,9 @@ class ShardedEmbeddingCollection(torch.nn.Module):
         plan = self._take_prepared(inputs)
         together = plan is not None or self._together()
         if together:
-            rows, index, uniqs, starts, sizes, csr = self._pull_together(plan or self._ids.plan(inputs))
+            rows, index, uniqs, starts, sizes = self._pull_together(plan or self._ids.plan(inputs))
             rows = torch.from_numpy(rows)
         else:
-            csr = None
             M = self._ids.keys(inputs)
             n = M.shape[1]
             found = [b._lookup(torch.from_numpy(self._bag_ids(M, j))) for j, b in enumerate(self.bags)]
@@ -463,7 +415,7 @@ class ShardedEmbeddingCollection(torch.nn.Module):
         weight = rows.requires_grad_(torch.is_grad_enabled())
         if weight.requires_grad:
             weight.register_hook(lambda grad: self._push(uniqs, starts, sizes, grad, together))
-        return _gather(weight, torch.from_numpy(index).to(self.device), csr)
+        return _gather(weight, torch.from_numpy(index).to(self.device))
 
     def _push(self, uniqs, starts, sizes, grad, checked_ids: bool = False) -> None:
         """The hook on the leaf of pulled rows: push each table's slice of ``grad``. With

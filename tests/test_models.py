@@ -4,11 +4,7 @@ import torch
 import torch.nn.functional as F
 
 from hpcps.models.dlrm import DLRM, pair_spread, pairwise_dots
-import numpy as np
-import pytest
-
-from hpcps import nn as hnn
-from hpcps.nn import _gather, csr_pattern
+from hpcps.nn import _gather
 
 
 def test_pairwise_dots_match_bmm_of_the_lower_triangle():
@@ -52,29 +48,6 @@ def test_gather_matches_embedding_with_repeated_rows():
     assert gg[[1, 2, 4]].abs().sum() == 0          # rows nobody read get no gradient
     with torch.no_grad():                          # evaluation: no graph, the same values
         assert torch.equal(_gather(w, index), want)
-    # with the index's CSR pattern the backward is a sparse product: the same sums
-    csr = csr_pattern(index.numpy(), 10)
-    crow, col = csr
-    np.testing.assert_array_equal(crow, [0, 2, 2, 2, 5, 5, 5, 5, 5, 5, 6])
-    np.testing.assert_array_equal(col, [0, 5, 1, 2, 3, 4])      # row 0 is read at 0 and 5, row 3 at 1-3, row 9 at 4
-    got = _gather(w, index, csr)
-    assert torch.equal(got, want)
-    (gc,) = torch.autograd.grad(got, w, g)
-    torch.testing.assert_close(gc, gw, rtol=1e-12, atol=1e-12)
-
-
-def test_csr_pattern_sums_like_index_add_and_stops_at_its_bound(monkeypatch):
-    rng = np.random.default_rng(3)
-    index = rng.zipf(1.3, (256, 8)) % 300
-    rows = int(index.max()) + 1
-    g = torch.randn(256, 8, 16)
-    w = torch.zeros(rows, 16, requires_grad=True)
-    (plain,) = torch.autograd.grad(_gather(w, torch.from_numpy(index)), w, g)
-    (sparse,) = torch.autograd.grad(_gather(w, torch.from_numpy(index), csr_pattern(index, rows)), w, g)
-    torch.testing.assert_close(sparse, plain, rtol=1e-5, atol=1e-5)      # float32 sums, rounded in another order
-    assert csr_pattern(np.zeros(0, np.int64), 0) is None
-    monkeypatch.setattr(hnn, "_CSR_LOOKUPS", index.size - 1)    # past the bound: index_add_ instead
-    assert csr_pattern(index, rows) is None
 
 
 def test_dlrm_gradients_equal_the_plain_autograd_model():
