@@ -35,6 +35,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
@@ -113,15 +114,8 @@ def bench_single_process(config, steps, warmup, env=None):
 def bench_rpc(config, steps, warmup, ranks):
     """The torch.distributed.rpc PS, its processes started with glibc's tcache off."""
     import rpc_ps_baseline
-    before = os.environ.get("GLIBC_TUNABLES")
-    os.environ.update(TCACHE_OFF)              # the spawned processes start with it
-    try:
+    with mock.patch.dict(os.environ, TCACHE_OFF):      # the spawned processes start with it
         return rpc_ps_baseline.main(config, steps, warmup, ranks)
-    finally:
-        if before is None:
-            del os.environ["GLIBC_TUNABLES"]
-        else:
-            os.environ["GLIBC_TUNABLES"] = before
 
 
 def main():
