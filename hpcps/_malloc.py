@@ -32,7 +32,8 @@ import os
 import platform
 import sys
 
-__all__ = ["TRIM_EVERY", "TUNABLE", "mode", "restart_without_tcache", "trim_heap", "wants_restart"]
+__all__ = ["TRIM_EVERY", "TUNABLE", "mode", "restart_without_tcache", "trim_heap", "tunables_with_tcache_off",
+           "wants_restart"]
 
 TRIM_EVERY = 100        # steps between two trims of a worker's heap, where the tcache is on
 TUNABLE = "glibc.malloc.tcache_count=0"
@@ -62,6 +63,11 @@ def _glibc():
 def tcache_off(environ=os.environ) -> bool:
     """Whether this process started with glibc's tcache off (``GLIBC_TUNABLES``). Local."""
     return any(t.strip() == TUNABLE for t in environ.get("GLIBC_TUNABLES", "").split(":"))
+
+
+def tunables_with_tcache_off(environ=os.environ) -> str:
+    """``environ``'s ``GLIBC_TUNABLES`` with the tcache's tunable added. Local."""
+    return ":".join(t for t in (environ.get("GLIBC_TUNABLES", ""), TUNABLE) if t)
 
 
 def mode() -> str:
@@ -106,7 +112,7 @@ def restart_without_tcache() -> None:
     if not argv or not wants_restart(argv, os.environ, sys.modules):
         return
     env = dict(os.environ)
-    env["GLIBC_TUNABLES"] = ":".join(t for t in (env.get("GLIBC_TUNABLES", ""), TUNABLE) if t)
+    env["GLIBC_TUNABLES"] = tunables_with_tcache_off(env)
     env[_MARK] = "1"
     sys.stdout.flush()
     sys.stderr.flush()

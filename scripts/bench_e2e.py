@@ -45,7 +45,7 @@ from mpirun import run_mpi  # noqa: E402
 
 from hpcps import _malloc  # noqa: E402
 
-TCACHE_OFF = {"GLIBC_TUNABLES": ":".join(t for t in (os.environ.get("GLIBC_TUNABLES", ""), _malloc.TUNABLE) if t)}
+TCACHE_OFF = {"GLIBC_TUNABLES": _malloc.tunables_with_tcache_off()}
 
 
 def final(stdout):
