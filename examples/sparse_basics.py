@@ -11,6 +11,8 @@ import numpy as np
 
 import hpcps
 
+hpcps.prepare_process()       # before MPI starts (README, "Python API")
+
 with hpcps.init(num_ps=1) as ctx:                       # collective over MPI.COMM_WORLD
     items = hpcps.EmbeddingTable(ctx, "items", num_rows=100_000, dim=16,
                                  optimizer=hpcps.optim.SGD(lr=0.1), seed=0)   # collective

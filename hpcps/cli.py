@@ -47,7 +47,7 @@ def _parser() -> argparse.ArgumentParser:
                        description=("Train the model a TOML config describes. Settings merge as file < "
                                     "HPCPS_* environment < --set. Rank 0 prints one JSON line "
                                     "{\"final\": {...}} with the eval metrics and throughput."),
-                       epilog=("keys: " + ", ".join(_config_keys())))
+                       epilog=_keys_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
     t.add_argument("--config", metavar="FILE.toml", help="config file (default: built-in defaults)")
     t.add_argument("--set", metavar="KEY=VALUE", nargs="+", action="extend", default=[],
                    help="override settings, dotted section.key, e.g. --set job.mode=async data.batch_size=512 "
@@ -83,9 +83,35 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _config_keys():
-    from .config import config_keys
-    return list(config_keys())
+def _keys_help() -> str:
+    """Every config key with its default, a line per section (``hpcps train --help``)."""
+    import textwrap
+    from .config import Config, config_keys
+    lines, cfg = {}, Config()
+    for key in config_keys():
+        section, _, name = key.rpartition(".")
+        value = cfg
+        for part in key.split("."):
+            value = getattr(value, part)
+        lines.setdefault(section, []).append(f"{name}={value!r}")
+    out = ["config keys (section.key=default; environment HPCPS_SECTION_KEY; see README, Configuration):"]
+    for section, items in lines.items():
+        out.append(textwrap.fill(" ".join(items), width=100, initial_indent=f"  {section}: ",
+                                 subsequent_indent=" " * (len(section) + 4)))
+    return "\n".join(out)
+
+
+def _config(args):
+    """``(config, error)``: ``hpcps train``'s config (file < environment < --set), or the defaults
+    with the environment for other commands (for ``job.mpi_threads`` and ``job.malloc_tune``); on
+    a bad setting the defaults and the ``ValueError``, reported once MPI runs. Local."""
+    from .config import Config, load_config
+    try:
+        if args.command == "train":
+            return load_config(args.config, args.set), None
+        return load_config(None, ()), None
+    except ValueError as e:
+        return Config(), e if args.command == "train" else None
 
 
 def _error(e: Exception) -> int:
@@ -129,7 +155,15 @@ def main(argv=None) -> int:
             print(f"hpcps: error: {e}", file=sys.stderr)
             return 2
         return 0
+    if args.command == "train":
+        from . import stopping
+        stopping.install()              # before the slow imports: an early Slurm signal is kept
+    cfg, bad = _config(args)
+    from .core.process import prepare_process
+    prepare_process(cfg.job.mpi_threads, cfg.job.malloc_tune)      # before MPI starts; may restart `train`
     _setup_logging(args.log_level)
+    if bad is not None:
+        return _error(bad)
     if args.command == "demo":
         from .demo import run_demo
         for name in ("rows", "dim", "batch", "steps"):
@@ -146,14 +180,7 @@ def main(argv=None) -> int:
             print(json.dumps({"demo": summary}), flush=True)
         return 0 if ok else 1
     if args.command == "train":
-        from . import stopping
-        stopping.install()              # before the slow imports: an early Slurm signal is kept
         from mpi4py import MPI
-        from .config import load_config
-        try:
-            cfg = load_config(args.config, args.set)
-        except ValueError as e:
-            return _error(e)
         from .train import train
         from .stopping import EXIT_CHECKPOINTED
         try:

@@ -20,15 +20,18 @@ if sys.version_info >= (3, 11):
 else:                                    # pragma: no cover
     import tomli as tomllib
 
-from .sparse.control import parse_mode
-from .sparse.optimizers import LRSchedule, make_optimizer
-from .sparse.table import PULL_DTYPES, PUSH_DTYPES
+from .core.optimizers import LRSchedule, make_optimizer
+from .core.settings import RMA_READS, ROW_DTYPES, SHARDINGS, THREAD_LEVELS, TRANSPORTS, WAIT_POLICIES, parse_mode
 
 __all__ = ["Config", "load_config", "config_keys", "build_sparse_optimizer", "parse_permissions", "FORMATS", "MODELS"]
 
 FORMATS = ("synthetic-ctr", "criteo", "ratings")
 MODELS = ("dlrm", "mf")
-ENV_ALIASES = {"HPCPS_NUM_PS": "job.num_ps", "HPCPS_MODE": "job.mode", "HPCPS_TRANSPORT": "job.transport"}
+# short environment names, kept from before these settings were config keys
+ENV_ALIASES = {"HPCPS_NUM_PS": "job.num_ps", "HPCPS_MODE": "job.mode", "HPCPS_TRANSPORT": "job.transport",
+               "HPCPS_WAIT": "job.wait", "HPCPS_RMA_READ": "job.rma_read", "HPCPS_MPI_THREADS": "job.mpi_threads",
+               "HPCPS_MALLOC_TUNE": "job.malloc_tune", "HPCPS_STEP_DELAY": "job.step_delay",
+               "HPCPS_WORLD_SIZE": "job.world_size", "HPCPS_NCCL_HOST": "model.nccl_host"}
 
 
 @dataclass
@@ -42,6 +45,12 @@ class JobConfig:
     log_every: int = 20         # steps between metrics records
     eval_every: int = 0         # steps between evaluations (0: only at the end)
     export: str = ""            # .npz of the final weights written by worker 0 ("" = none)
+    wait: str = "auto"          # how waiting ranks wait: auto | yield | sleep (auto: sleep if the node is oversubscribed)
+    rma_read: str = "get_accumulate"  # remote pulls: get_accumulate (atomic per element) | get (faster)
+    mpi_threads: str = "serialized"   # MPI thread level: single | funneled | serialized | multiple
+    malloc_tune: bool = True    # restart with glibc's tcache off, trim the heap (hpcps.core.malloc)
+    step_delay: float = 0.0     # seconds each worker sleeps per step (demos and fault tests)
+    world_size: int = 0         # when > 0, the MPI world must have exactly this many ranks
 
 
 @dataclass
@@ -72,6 +81,8 @@ class ModelConfig:
     bucket_mb: float = 4.0
     threads: int = 0            # torch threads per rank; 0: this node's CPUs / its ranks (at least 1)
     fuse_tables: bool = True    # dlrm: every table in one table-batched hpcps table (one pull, push, apply per step)
+    sharding: str = "modulo"    # row placement over the PS ranks: modulo (id % P) | range (contiguous)
+    nccl_host: str = ""         # address worker 0 offers for the NCCL bootstrap ("" = its hostname's)
 
 
 @dataclass
@@ -295,7 +306,13 @@ def validate(cfg: Config) -> None:
         parse_mode(j.mode)
     except ValueError as e:
         raise ValueError(f"config: job.mode = {j.mode!r}: {e}") from None
-    _check(j.transport in ("auto", "rma"), "job.transport", j.transport, "must be auto or rma")
+    _check(j.transport in TRANSPORTS, "job.transport", j.transport, "must be auto or rma")
+    _check(j.wait in WAIT_POLICIES, "job.wait", j.wait, f"must be one of {', '.join(WAIT_POLICIES)}")
+    _check(j.rma_read in RMA_READS, "job.rma_read", j.rma_read, f"must be one of {', '.join(RMA_READS)}")
+    _check(j.mpi_threads in THREAD_LEVELS, "job.mpi_threads", j.mpi_threads,
+           f"must be one of {', '.join(THREAD_LEVELS)}")
+    _check(j.step_delay >= 0, "job.step_delay", j.step_delay, "must be >= 0")
+    _check(j.world_size >= 0, "job.world_size", j.world_size, "must be >= 0 (0: not checked)")
     _check(j.steps >= 0 and j.epochs >= 0, "job.steps", j.steps, "steps and epochs must be >= 0")
     _check(j.log_every >= 1, "job.log_every", j.log_every, "must be >= 1")
     _check(j.eval_every >= 0, "job.eval_every", j.eval_every, "must be >= 0")
@@ -322,6 +339,7 @@ def validate(cfg: Config) -> None:
     else:
         _check(d.format != "ratings", "model.kind", m.kind, "ratings data needs model.kind = mf")
     _check(m.dim >= 1, "model.dim", m.dim, "must be >= 1")
+    _check(m.sharding in SHARDINGS, "model.sharding", m.sharding, f"must be one of {', '.join(SHARDINGS)}")
     _check(all(x >= 1 for x in m.bottom_mlp + m.top_mlp), "model.top_mlp", m.top_mlp, "sizes must be >= 1")
     _check(m.dense_backend in ("auto", "shm", "mpi", "nccl"), "model.dense_backend", m.dense_backend,
            "must be auto, shm, mpi or nccl")
@@ -341,8 +359,8 @@ def validate(cfg: Config) -> None:
     _check(pl.cache_rows == 0 or j.mode != "sync", "pipeline.cache_rows", pl.cache_rows,
            "a cache serves rows up to pipeline.cache_staleness steps old, and job.mode = sync promises "
            "fresh rows: use job.mode = async or ssp:S, or cache_rows = 0")
-    _check(pl.pull_dtype in PULL_DTYPES, "pipeline.pull_dtype", pl.pull_dtype, f"must be one of {', '.join(PULL_DTYPES)}")
-    _check(pl.push_dtype in PUSH_DTYPES, "pipeline.push_dtype", pl.push_dtype, f"must be one of {', '.join(PUSH_DTYPES)}")
+    _check(pl.pull_dtype in ROW_DTYPES, "pipeline.pull_dtype", pl.pull_dtype, f"must be one of {', '.join(ROW_DTYPES)}")
+    _check(pl.push_dtype in ROW_DTYPES, "pipeline.push_dtype", pl.push_dtype, f"must be one of {', '.join(ROW_DTYPES)}")
     c = cfg.checkpoint
     _check(c.every_steps >= 0 and c.every_seconds >= 0, "checkpoint.every_steps", c.every_steps, "must be >= 0")
     _check(c.keep >= 0, "checkpoint.keep", c.keep, "must be >= 0")

@@ -14,7 +14,7 @@ from mpi4py import MPI
 
 from . import optim
 from .sparse import EmbeddingTable, initial_rows
-from .topology import init
+from .context import init
 
 __all__ = ["run_demo"]
 

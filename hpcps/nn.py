@@ -339,7 +339,7 @@ class ShardedEmbeddingCollection(torch.nn.Module):
     def _together(self) -> bool:
         """Whether this step's pulls can go in one pass (:meth:`_pull_together`): no bag has a cache
         or a prefetch waiting, and every table's rows are float32 in this node's shared memory."""
-        return all(b.cache is None and b._next is None and b.table._node_local for b in self.bags)
+        return all(b.cache is None and b._next is None and b.table.node_local for b in self.bags)
 
     def _bag_ids(self, M: np.ndarray, j: int) -> np.ndarray:
         """Bag ``j``'s rows for keys ``M``: its logical tables' keys, table by table, as rows of its table."""
@@ -355,7 +355,7 @@ class ShardedEmbeddingCollection(torch.nn.Module):
         for j, b in enumerate(self.bags):
             t0 = time.perf_counter()
             part = uniq[cut[j]:cut[j + 1]] - self._ids.bag_bounds[j]
-            b.table._gather_local(part, rows[cut[j]:cut[j + 1]])
+            b.table.gather_local(part, rows[cut[j]:cut[j + 1]])
             uniqs.append(part)
             b.pull_wait_s += time.perf_counter() - t0
         sizes = [u.size for u in uniqs]

@@ -14,8 +14,8 @@ import torch
 
 from .config import Config, build_sparse_optimizer
 from .data import make_data
-from .sparse.initializers import initial_rows
-from .sparse.optimizers import SGD, Adagrad, Adam, new_state
+from .core.ids import initial_rows
+from .core.optimizers import SGD, Adagrad, Adam, new_state
 from .train import build_model, dense_optimizer, dense_schedule, table_specs, total_steps
 
 __all__ = ["train_reference"]

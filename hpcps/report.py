@@ -116,71 +116,80 @@ def write_report(src, out) -> list[Path]:
         _axes(ax, "step", "samples/s (global)")
         save(fig, "throughput.png")
 
-        fig, ax = plt.subplots(figsize=(8, 4))
-        r = runs[-1]
-        recs = [s for s in r["steps"] if set(PHASES) <= set(s.get("time_breakdown_s", {}))]
-        if recs:
-            x = list(range(len(recs)))
-            bottom = [0.0] * len(recs)
-            for ph in PHASES:
-                per_step = []
-                last = r["final"]["start_step"] if r["final"] else recs[0]["step"] - (
-                    recs[1]["step"] - recs[0]["step"] if len(recs) > 1 else recs[0]["step"])
-                for s in recs:
-                    n = s["step"] - last
-                    last = s["step"]
-                    per_step.append(1e3 * s["time_breakdown_s"][ph] / max(n, 1))
-                ax.bar(x, per_step, bottom=bottom, label=ph.replace("_", " "))
-                bottom = [b + v for b, v in zip(bottom, per_step)]
-            every = max(1, len(recs) // 15)                  # at most ~15 labels
-            ax.set_xticks(x[::every], [str(s["step"]) for s in recs][::every], rotation=45, fontsize=7)
-            ax.set_xlabel("up to step")
-            ax.set_ylabel("ms per step, worker 0")
-            ax.legend(fontsize=8, ncol=3)
-        ax.set_title(label(r))
-        save(fig, "time_breakdown.png")
-
-        fig, ax = plt.subplots(figsize=(6, 4))
-        counts = {}
-        for s in r["steps"]:
-            for k, v in s.get("staleness_counts", {}).items():
-                counts[int(k)] = counts.get(int(k), 0) + v
-        if counts:
-            ks = sorted(counts)
-            ax.bar(ks, [counts[k] for k in ks])
-        ax.set_xlabel("staleness (steps) seen by worker 0 at step begin")
-        ax.set_ylabel("steps")
-        ax.set_title(label(r))
-        save(fig, "staleness.png")
-
-        fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
-        last = r["steps"][-1]
-        rows = last.get("rows_per_ps", [])
-        nbytes = last.get("bytes_per_ps", [])
-        axes[0].bar(range(len(rows)), rows)
-        axes[0].set_ylabel("rows pulled by worker 0")
-        axes[1].bar(range(len(nbytes)), [b / 1e6 for b in nbytes])
-        axes[1].set_ylabel("MB pulled by worker 0")
-        for ax in axes:
-            ax.set_xlabel("PS rank")
-            ax.set_xticks(range(len(rows)))
-        save(fig, "load_balance.png")
-
-        ck = [c for run in runs for c in run["checkpoints"]]
-        timings = [t for run in runs if run["final"] for t in run["final"].get("checkpoint_timings", [])]
-        if ck or timings:
-            fig, ax = plt.subplots(figsize=(7, 4))
-            if ck:
-                ax.plot([c["checkpoint"] for c in ck], [1e3 * c["stall_s"] for c in ck], "o-", label="stall (training paused)")
-            if timings:
-                ax.plot([t["step"] for t in timings], [1e3 * t["write_s"] for t in timings], "s--",
-                        label="request to commit (background)")
-            _axes(ax, "checkpoint at step", "ms")
-            save(fig, "checkpoints.png")
+        _plot_breakdown(plt, save, runs[-1], label)
+        _plot_balance(plt, save, runs, label)
 
     (out / "summary.md").write_text(_summary(runs, bench_files, written))
     written.append(out / "summary.md")
     return written
+
+
+def _plot_breakdown(plt, save, r, label) -> None:
+    """time_breakdown.png: worker 0's ms per step by phase, per metrics record of run ``r``."""
+    fig, ax = plt.subplots(figsize=(8, 4))
+    recs = [s for s in r["steps"] if set(PHASES) <= set(s.get("time_breakdown_s", {}))]
+    if recs:
+        x = list(range(len(recs)))
+        bottom = [0.0] * len(recs)
+        for ph in PHASES:
+            per_step = []
+            last = r["final"]["start_step"] if r["final"] else recs[0]["step"] - (
+                recs[1]["step"] - recs[0]["step"] if len(recs) > 1 else recs[0]["step"])
+            for s in recs:
+                n = s["step"] - last
+                last = s["step"]
+                per_step.append(1e3 * s["time_breakdown_s"][ph] / max(n, 1))
+            ax.bar(x, per_step, bottom=bottom, label=ph.replace("_", " "))
+            bottom = [b + v for b, v in zip(bottom, per_step)]
+        every = max(1, len(recs) // 15)                  # at most ~15 labels
+        ax.set_xticks(x[::every], [str(s["step"]) for s in recs][::every], rotation=45, fontsize=7)
+        ax.set_xlabel("up to step")
+        ax.set_ylabel("ms per step, worker 0")
+        ax.legend(fontsize=8, ncol=3)
+    ax.set_title(label(r))
+    save(fig, "time_breakdown.png")
+
+
+def _plot_balance(plt, save, runs, label) -> None:
+    """staleness.png, load_balance.png and checkpoints.png of ``runs`` (the last run's staleness and load)."""
+    r = runs[-1]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    counts = {}
+    for s in r["steps"]:
+        for k, v in s.get("staleness_counts", {}).items():
+            counts[int(k)] = counts.get(int(k), 0) + v
+    if counts:
+        ks = sorted(counts)
+        ax.bar(ks, [counts[k] for k in ks])
+    ax.set_xlabel("staleness (steps) seen by worker 0 at step begin")
+    ax.set_ylabel("steps")
+    ax.set_title(label(r))
+    save(fig, "staleness.png")
+
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
+    last = r["steps"][-1]
+    rows = last.get("rows_per_ps", [])
+    nbytes = last.get("bytes_per_ps", [])
+    axes[0].bar(range(len(rows)), rows)
+    axes[0].set_ylabel("rows pulled by worker 0")
+    axes[1].bar(range(len(nbytes)), [b / 1e6 for b in nbytes])
+    axes[1].set_ylabel("MB pulled by worker 0")
+    for ax in axes:
+        ax.set_xlabel("PS rank")
+        ax.set_xticks(range(len(rows)))
+    save(fig, "load_balance.png")
+
+    ck = [c for run in runs for c in run["checkpoints"]]
+    timings = [t for run in runs if run["final"] for t in run["final"].get("checkpoint_timings", [])]
+    if ck or timings:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        if ck:
+            ax.plot([c["checkpoint"] for c in ck], [1e3 * c["stall_s"] for c in ck], "o-", label="stall (training paused)")
+        if timings:
+            ax.plot([t["step"] for t in timings], [1e3 * t["write_s"] for t in timings], "s--",
+                    label="request to commit (background)")
+        _axes(ax, "checkpoint at step", "ms")
+        save(fig, "checkpoints.png")
 
 
 def _axes(ax, xlabel: str, ylabel: str) -> None:

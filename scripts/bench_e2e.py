@@ -12,7 +12,7 @@ The DLRM job of examples/ctr.toml (8 tables, Adagrad on the sparse side, sync mo
   hpcps_no_prefetch   the same with both off
   torch_rpc      a parameter server on torch.distributed.rpc (scripts/rpc_ps_baseline.py):
                  same model, ranks, data and optimizer; one RPC pull and one push per step;
-                 run with glibc's tcache off as hpcps train runs (hpcps/_malloc.py; faster so)
+                 run with glibc's tcache off as hpcps train runs (hpcps/core/malloc.py; faster so)
   single_process torch.nn.EmbeddingBag(sparse=True) + torch.optim.Adagrad in one process with
                  one thread (hpcps.reference), in a process of its own, with glibc's defaults
   single_process_tcache_off   the same with glibc's tcache off; the faster of the two is the
@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from mpirun import run_mpi  # noqa: E402
 
-from hpcps import _malloc  # noqa: E402
+from hpcps.core import malloc as _malloc  # noqa: E402
 
 TCACHE_OFF = {"GLIBC_TUNABLES": _malloc.tunables_with_tcache_off()}
 

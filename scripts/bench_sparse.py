@@ -23,9 +23,11 @@ import time
 from pathlib import Path
 
 import numpy as np
-from mpi4py import MPI
 
 import hpcps
+
+hpcps.prepare_process()       # before MPI starts (README, "Python API")
+from mpi4py import MPI  # noqa: E402
 
 TAG_IDS, TAG_ROWS = 11, 12
 
@@ -108,10 +110,9 @@ def main():
     auto = hpcps.EmbeddingTable(ctx, "bench", N, D, optimizer=hpcps.optim.SGD(lr=0.1), transport="auto")
     rss1 = rss_bytes()
     rma = hpcps.EmbeddingTable(ctx, "bench-rma", N, D, optimizer=hpcps.optim.SGD(lr=0.1), transport="rma")
-    os.environ["HPCPS_RMA_READ"] = "get"
-    rma_get = hpcps.EmbeddingTable(ctx, "bench-rma-get", N, D, transport="rma")
+    rma_get = hpcps.EmbeddingTable(ctx, "bench-rma-get", N, D, transport="rma", rma_read="get")
     if ctx.is_ps:
-        res["ps_table_bytes"] = auto._data.nbytes + 8
+        res["ps_table_bytes"] = auto.rows.nbytes + 8
         res["ps_rss_growth_bytes"] = rss1 - rss0
         ctx.serve()
     else:
@@ -125,7 +126,7 @@ def main():
         res["hpcps_rma_pull"] = timed(rma.pull, batches)
         res["hpcps_rma_push"] = timed(lambda ids: rma.push(ids, grads), batches)
         res["hpcps_rma_get_pull"] = timed(rma_get.pull, batches)
-        res["worker_window_bytes"] = auto._data.nbytes
+        res["worker_window_bytes"] = auto.rows.nbytes
     ctx.finalize()                          # PS ranks leave serve() here
     all_res = world.gather(res, root=0)
     if world.Get_rank() != 0:

@@ -51,7 +51,7 @@ def run(rank: int, world: int, config: str, steps: int, warmup: int, port: int, 
 
     from hpcps.config import build_sparse_optimizer, load_config
     from hpcps.data import make_data
-    from hpcps.sparse.initializers import initial_rows
+    from hpcps.core.ids import initial_rows
     from hpcps.train import build_model, dense_optimizer, table_specs
 
     cfg = load_config(config, [f"job.steps={steps}"], environ={})

@@ -1,11 +1,10 @@
-import os
 import sys
 from pathlib import Path
 
-# this pytest process tests the communication thread in-process, so its MPI (started when a test
-# module first imports hpcps) needs MPI_THREAD_MULTIPLE; mpirun.mpi_env drops the variable, so
-# launched jobs get hpcps's default (SERIALIZED) unless a test asks
-os.environ["HPCPS_MPI_THREADS"] = "multiple"
+# this pytest process (and the pytest-mpi runs of tests/parallel) tests the communication thread
+# in-process: nothing here calls hpcps.prepare_process, so MPI starts at mpi4py's default level,
+# MPI_THREAD_MULTIPLE. Launched programs call prepare_process (SERIALIZED), and `hpcps train`
+# reads job.mpi_threads; mpirun.mpi_env drops a developer's HPCPS_MPI_THREADS.
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 

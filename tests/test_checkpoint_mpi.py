@@ -43,22 +43,27 @@ def straight(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("opt,first,second,fuse", [
-    ("adam", (5, 2), (6, 3), ("true", "true")),           # 2 PS -> 3 PS
+@pytest.mark.parametrize("opt,first,second,fuse,sharding", [
+    ("adam", (5, 2), (6, 3), ("true", "true"), ("modulo", "modulo")),           # 2 PS -> 3 PS
     # 3 PS -> 1 PS (momentum buffers and first-step flags move too)
-    ("momentum", (5, 3), (3, 1), ("true", "true")),
-    ("adam", (4, 1), (3, 1), ("true", "true")),           # 3 workers -> 2
+    ("momentum", (5, 3), (3, 1), ("true", "true"), ("modulo", "modulo")),
+    ("adam", (4, 1), (3, 1), ("true", "true"), ("modulo", "modulo")),           # 3 workers -> 2
     # a table per feature -> one table-batched table, and back (model.fuse_tables)
-    ("adam", (5, 2), (4, 1), ("false", "true")),
-    ("momentum", (4, 1), (5, 2), ("true", "false")),
+    ("adam", (5, 2), (4, 1), ("false", "true"), ("modulo", "modulo")),
+    ("momentum", (4, 1), (5, 2), ("true", "false"), ("modulo", "modulo")),
+    # contiguous ranges: 2 PS -> 3 PS under ranges, and ranges over 3 PS -> modulo over 2
+    ("adam", (5, 2), (6, 3), ("true", "true"), ("range", "range")),
+    ("momentum", (6, 3), (5, 2), ("false", "true"), ("range", "modulo")),
 ])
-def test_half_then_restart_equals_straight(tmp_path, straight, opt, first, second, fuse):
+def test_half_then_restart_equals_straight(tmp_path, straight, opt, first, second, fuse, sharding):
     ck = tmp_path / "ck"
     sets = [f"optimizer.sparse.name={opt}", f"checkpoint.dir={ck}"]
-    r = _train(first[0], sets + [f"job.num_ps={first[1]}", "job.steps=15", f"model.fuse_tables={fuse[0]}"])
-    assert _final(r.stdout)["checkpoints"] == [15]
+    r = _train(first[0], sets + [f"job.num_ps={first[1]}", "job.steps=15", f"model.fuse_tables={fuse[0]}",
+                                 f"model.sharding={sharding[0]}"])
+    assert _final(r.stdout)["checkpoints"] == [15] and _final(r.stdout)["sharding"] == sharding[0]
+    assert store.read_manifest(ck / "step-000000015")["sharding"] == sharding[0]
     r = _train(second[0], sets + [f"job.num_ps={second[1]}", f"job.export={tmp_path / 'w.npz'}",
-                                  f"model.fuse_tables={fuse[1]}"])
+                                  f"model.fuse_tables={fuse[1]}", f"model.sharding={sharding[1]}"])
     f = _final(r.stdout)
     assert f["start_step"] == 15 and f["steps"] == 30 and f["num_ps"] == second[1]
     assert "resuming from" in r.stderr and "step-000000015" in r.stderr

@@ -63,6 +63,12 @@ def test_file_errors_name_the_key(tmp_path, text, msg):
     (["pipeline.cache_staleness=-2"], "pipeline.cache_staleness = -2"),
     (["pipeline.prefetch=maybe"], "pipeline.prefetch = 'maybe': must be auto, on or off"),
     (["pipeline.push_dtype=int8"], "pipeline.push_dtype = 'int8': must be one of float32, bfloat16, float16"),
+    (["job.wait=spin"], "job.wait = 'spin': must be one of auto, yield, sleep"),
+    (["job.rma_read=put"], "job.rma_read = 'put': must be one of get_accumulate, get"),
+    (["job.mpi_threads=all"], "job.mpi_threads = 'all': must be one of single, funneled, serialized, multiple"),
+    (["model.sharding=hash"], "model.sharding = 'hash': must be one of modulo, range"),
+    (["job.world_size=-1"], "job.world_size = -1"),
+    (["job.step_delay=-0.5"], "job.step_delay = -0.5"),
 ])
 def test_bad_values_name_the_key(sets, msg):
     with pytest.raises(ValueError, match=msg.replace("(", "\\(").replace(")", "\\)")):
@@ -81,20 +87,26 @@ def test_examples_load(name, monkeypatch, tmp_path):
     if name == "ratings.toml":
         (tmp_path / "r.dat").write_text("1::1::5::0\n")
         sets = [f"data.path={tmp_path / 'r.dat'}"]
-    if name == "criteo.toml" and not Path("../shared/data/criteo/train_head1000.txt").exists():
-        (tmp_path / "c.txt").write_text("0\t1\n")
-        sets = [f"data.path={tmp_path / 'c.txt'}"]
     c = load_config(ROOT / "examples" / name, sets, environ={})
     assert isinstance(c, Config)
 
 
-def test_every_key_is_documented_in_help():
+def test_every_key_is_documented_in_help_and_readme():
+    import re
     import subprocess
     import sys
+
+    from hpcps.config import ENV_ALIASES
     out = subprocess.run([sys.executable, "-m", "hpcps", "train", "--help"], capture_output=True, text=True,
                          check=True).stdout
+    readme = (ROOT / "README.md").read_text()
     for key in config_keys():
-        assert key in out, key
+        section, _, name = key.rpartition(".")
+        block = re.search(rf"^  {re.escape(section)}: (.*(?:\n {{5,}}.*)*)", out, re.M)
+        assert block and re.search(rf"(^|\s){name}=", block.group(1)), key
+        assert f"`{key}`" in readme, f"README does not list {key}"
+    for env in ENV_ALIASES:
+        assert f"`{env}`" in readme, f"README does not list {env}"
 
 
 def test_pipeline_switches_take_toml_booleans_and_words(tmp_path):
@@ -105,3 +117,14 @@ def test_pipeline_switches_take_toml_booleans_and_words(tmp_path):
     assert (c.pipeline.prefetch, c.pipeline.background_push) == ("off", "on")
     assert resolve_switch("auto", True) and not resolve_switch("auto", False)
     assert resolve_switch("ON", False) and not resolve_switch("no", True)
+
+
+def test_former_environment_only_settings_are_keys_with_their_old_names():
+    env = {"HPCPS_WAIT": "sleep", "HPCPS_RMA_READ": "get", "HPCPS_MPI_THREADS": "multiple",
+           "HPCPS_MALLOC_TUNE": "0", "HPCPS_STEP_DELAY": "0.25", "HPCPS_WORLD_SIZE": "4",
+           "HPCPS_NCCL_HOST": "10.1.2.3"}
+    c = load_config(None, [], environ=env)
+    assert (c.job.wait, c.job.rma_read, c.job.mpi_threads, c.job.malloc_tune, c.job.step_delay, c.job.world_size,
+            c.model.nccl_host) == ("sleep", "get", "multiple", False, 0.25, 4, "10.1.2.3")
+    c = load_config(None, ["job.wait=yield"], environ=env)            # --set wins over the environment
+    assert c.job.wait == "yield"

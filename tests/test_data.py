@@ -8,7 +8,7 @@ from hpcps.data import BadLine, SyntheticCTR, make_data, parse_criteo, parse_rat
 from hpcps.metrics import auc
 
 ROOT = Path(__file__).resolve().parent.parent
-CRITEO = ROOT.parent / "shared" / "data" / "criteo" / "train_head1000.txt"
+CRITEO = ROOT / "tests" / "data" / "criteo_head1000.txt"
 
 
 def _synth(workers, worker, **kw):
@@ -57,7 +57,6 @@ def test_criteo_line_parsing_pads_and_validates():
             parse_criteo(bad)
 
 
-@pytest.mark.skipif(not CRITEO.exists(), reason="the shared Criteo sample is beside the repository in CI")
 def test_criteo_real_sample_reads_and_shards():
     cfg = load_config(None, ["data.format=criteo", f"data.path={CRITEO}", "data.batch_size=100",
                              "data.hash_rows=5000", "job.epochs=1"], environ={})

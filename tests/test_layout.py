@@ -2,14 +2,14 @@ import sys
 
 import pytest
 
-from hpcps.layout import check_num_ps, spread_ps
+from hpcps.core.layout import check_num_ps, spread_ps
 
 
 def test_layout_imports_no_mpi():
-    import hpcps.layout  # noqa: F401
-    import hpcps.sparse.sharding  # noqa: F401
+    import hpcps.core.layout  # noqa: F401
+    import hpcps.core.sharding  # noqa: F401
     # pure modules must be importable without initialising MPI
-    assert "hpcps.layout" in sys.modules
+    assert "hpcps.core.layout" in sys.modules
 
 
 @pytest.mark.parametrize("bad", [0, -1, 4, 5])
@@ -59,13 +59,13 @@ def test_rank_zero_stays_worker_when_possible():
 @pytest.mark.parametrize("env", [{"SLURM_STEP_NUM_TASKS": "4"}, {"PMI_SIZE": "4"}, {"OMPI_COMM_WORLD_SIZE": "3"},
                                  {"HPCPS_WORLD_SIZE": "2"}])
 def test_a_launch_larger_than_the_world_fails_loudly(env):
-    from hpcps.layout import check_launch
+    from hpcps.core.layout import check_launch
     with pytest.raises(ValueError, match="MPI world (has|of) 1"):
         check_launch(1, env)
 
 
 def test_launch_checks_pass_for_a_whole_world():
-    from hpcps.layout import check_launch
+    from hpcps.core.layout import check_launch
     check_launch(4, {"SLURM_STEP_NUM_TASKS": "4", "PMI_SIZE": "4", "HPCPS_WORLD_SIZE": "4"})
     check_launch(4, {"SLURM_STEP_NUM_TASKS": "1"})      # mpiexec in an allocation: one proxy per node
     check_launch(1, {})

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from hpcps.sparse.optimizers import Adagrad, Adam, LRSchedule, SGD, make_optimizer, new_state
+from hpcps.core.optimizers import Adagrad, Adam, LRSchedule, SGD, make_optimizer, new_state
 
 ROWS, DIM, STEPS = 6, 5, 25
 

@@ -1,4 +1,5 @@
-"""Run tests/parallel under mpiexec with pytest-mpi at several sizes."""
+"""Run the pytest-mpi bodies of tests/parallel under mpiexec at several sizes (through mpirun.py,
+like every multi-rank test): pytest's exit status on every rank decides."""
 
 import re
 
@@ -10,7 +11,6 @@ from mpirun import ROOT, run_mpi
 @pytest.mark.parametrize("n", [2, 3])
 def test_parallel_suite(n):
     r = run_mpi(n, ["-m", "pytest", "--with-mpi", "-q", "-p", "no:cacheprovider",
-                    str(ROOT / "tests" / "parallel")], mpi4py_run=False, timeout=180)
-    passed = [int(m) for m in re.findall(r"(\d+) passed", r.stdout)]
-    assert passed and min(passed) >= (17 if n == 2 else 18), r.stdout
-    assert "failed" not in r.stdout and "error" not in r.stdout.lower(), r.stdout
+                    str(ROOT / "tests" / "parallel")], mpi4py_run=False, timeout=240, check=False)
+    assert r.returncode == 0, r.stdout + r.stderr             # any rank's failure, error or no test
+    assert len(re.findall(r"^\d+ passed", r.stdout, re.M)) == n, r.stdout    # every rank ran its tests

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from hpcps.sparse.sharding import ModuloSharding, logical_tables
+from hpcps.core.sharding import ModuloSharding, logical_tables
 
 
 @pytest.mark.parametrize("num_rows,num_ps", [(1, 1), (10, 3), (1000, 2), (7, 7), (5, 8)])

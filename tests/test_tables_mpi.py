@@ -39,7 +39,7 @@ def test_staged_pushes_applied_by_ps_lose_no_update(n, num_ps, transport, list_r
     instead, at least after every first push since an apply: either way no update is lost."""
     extra = [] if list_rows is None else [list_rows]
     r = run_mpi(n, ["concurrent_push.py", num_ps, transport, 150, "stateful", *extra], timeout=180)
-    assert r.stdout.count("OK worker") == n - num_ps
+    assert r.stdout.count("OK worker") == n - num_ps and r.stdout.count("snapshot") == num_ps
     counts = [tuple(map(int, m)) for m in re.findall(r"OK PS applies listed (\d+) scanned (\d+) slab (\d+)",
                                                       r.stdout)]
     assert len(counts) == num_ps
@@ -122,3 +122,11 @@ def test_16_bit_pushes_apply_the_rounded_row_sums(n, num_ps, transport, dtype, i
     assert r.stdout.count("OK worker") == 2
     if inbox:       # a 100-row inbox cannot take both workers' pushes: some went as float32, still exact
         assert sum(int(line.split()[-1]) for line in r.stdout.splitlines() if "OK worker" in line) > 0
+
+
+@pytest.mark.parametrize("n,num_ps,transport,sharding", [(4, 2, "auto", "range"), (5, 3, "rma", "range"),
+                                                          (4, 2, "rma", "custom"), (3, 1, "auto", "custom")])
+def test_another_placement_pulls_and_pushes_the_right_rows(n, num_ps, transport, sharding):
+    """Contiguous ranges, and a placement object of the program's own, on both push paths."""
+    r = run_mpi(n, ["placement.py", num_ps, transport, sharding], timeout=120)
+    assert r.stdout.count("OK worker") == n - num_ps and r.stdout.count("snapshot") == num_ps

@@ -9,11 +9,11 @@ import pytest
 
 from hpcps.config import load_config
 from hpcps.reference import train_reference
-from hpcps.sparse.initializers import initial_rows
+from hpcps.core.ids import initial_rows
 from mpirun import ROOT, run_mpi
 
 TINY = ROOT / "tests" / "configs" / "tiny_ctr.toml"
-CRITEO = ROOT.parent / "shared" / "data" / "criteo" / "train_head1000.txt"
+CRITEO = ROOT / "tests" / "data" / "criteo_head1000.txt"
 
 
 def _final(stdout):
@@ -204,7 +204,6 @@ def test_train_end_to_end_metrics_and_final_line(tmp_path):
     assert "final" in recs[-1]
 
 
-@pytest.mark.skipif(not CRITEO.exists(), reason="the shared Criteo sample is beside the repository in CI")
 def test_train_criteo_sample():
     r = _train(4, ["metrics.progress=false", "metrics.path=", "job.epochs=2", f"data.path={CRITEO}"],
                config=ROOT / "examples" / "criteo.toml")
@@ -231,7 +230,7 @@ def test_malformed_data_fails_with_file_and_line(tmp_path):
 
 @pytest.mark.parametrize("n,wait", [(2, "auto"), (4, "auto"), (4, "yield")])
 def test_wait_policy_follows_the_cpus_unless_set(n, wait):
-    """``auto`` sleeps between polls only where the node's ranks outnumber its CPUs (hpcps/_wait.py)."""
+    """``auto`` sleeps between polls only where the node's ranks outnumber its CPUs (hpcps/core/wait.py)."""
     cpus = len(os.sched_getaffinity(0))
     final = _final(_train(n, ["job.steps=3", "metrics.path="], env={"HPCPS_WAIT": wait}).stdout)
     assert final["node_cpus"] == cpus
@@ -254,7 +253,7 @@ def test_worker_memory_does_not_grow_with_steps(launch):
     # glibc's tcache fragments a worker's heap under a training step's aligned allocations: the
     # workers grew ~0.35-0.8 MB per step of this job (1.3-2.6 GB after 3000 steps). `hpcps train`
     # restarts itself with the tcache off; a program of one's own gets a trim every 100 steps
-    # (hpcps/_malloc.py)
+    # (hpcps/core/malloc.py)
     peak = {}
     for steps in (100, 1000):
         args = ["train", "--config", ROOT / "examples" / "ctr.toml", "--set", f"job.steps={steps}",
@@ -286,7 +285,7 @@ def test_hpcps_train_runs_with_the_tcache_off_unless_told():
     (["python"], False),
 ])
 def test_only_hpcps_train_restarts(argv, restart):
-    from hpcps import _malloc
+    from hpcps.core import malloc as _malloc
     assert _malloc.wants_restart(argv, {}, {}) is restart
     if restart:
         assert not _malloc.wants_restart(argv, {"GLIBC_TUNABLES": "glibc.malloc.tcache_count=0"}, {})
@@ -296,7 +295,7 @@ def test_only_hpcps_train_restarts(argv, restart):
 
 
 def test_trim_heap_runs_on_glibc_and_can_be_turned_off(monkeypatch):
-    from hpcps import _malloc
+    from hpcps.core import malloc as _malloc
     monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
     monkeypatch.setattr(_malloc, "_libc", None)
     assert _malloc.trim_heap() is True                  # glibc (Debian) here and in CI

@@ -1,4 +1,4 @@
-"""hpcps/_wait.py: the sleep policy's timer slack and its cap on one sleep."""
+"""hpcps/core/wait.py: the sleep policy's timer slack and its cap on one sleep."""
 
 import subprocess
 import sys
@@ -9,13 +9,13 @@ SLACK = "/proc/self/timerslack_ns"
 
 
 def _slack_after(policy: str) -> int:
-    code = ("import hpcps._wait as w; w.set_policy(%r); print(open(%r).read().strip())" % (policy, SLACK))
+    code = ("import hpcps.core.wait as w; w.set_policy(%r); print(open(%r).read().strip())" % (policy, SLACK))
     return int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="timer slack is a Linux setting")
 def test_sleep_policy_tightens_the_timer_slack_and_yield_leaves_it():
-    from hpcps import _wait
+    from hpcps.core import wait as _wait
     assert _slack_after("sleep") == _wait._SLACK_NS == 1000
     with open(SLACK) as f:
         inherited = int(f.read())
@@ -23,7 +23,7 @@ def test_sleep_policy_tightens_the_timer_slack_and_yield_leaves_it():
 
 
 def test_backoff_sleeps_at_most_the_cap(monkeypatch):
-    from hpcps import _wait
+    from hpcps.core import wait as _wait
     slept = []
     monkeypatch.setattr(_wait.time, "sleep", slept.append)
     monkeypatch.setattr(_wait, "_sleep", True)
@@ -37,7 +37,7 @@ def test_backoff_sleeps_at_most_the_cap(monkeypatch):
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="futexes are Linux's")
 def test_futex_doorbell_across_processes():
-    """The doorbell of hpcps/_wait.py on shared memory: a wait returns at once when the word no
+    """The doorbell of hpcps/core/wait.py on shared memory: a wait returns at once when the word no
     longer holds the value read, times out when nobody rings, and another process's ring (after
     changing the word) wakes it long before its timeout."""
     import mmap
@@ -46,7 +46,7 @@ def test_futex_doorbell_across_processes():
 
     import numpy as np
 
-    from hpcps import _wait
+    from hpcps.core import wait as _wait
     assert _wait.HAVE_FUTEX
     mem = mmap.mmap(-1, 4096)                        # MAP_SHARED: the child sees the same page
     word = np.frombuffer(mem, np.int32)

@@ -25,10 +25,10 @@ from mpi4py import MPI
 
 from .._version import __version__
 from ..errors import HpcpsError
-from ..sparse.sharding import logical_tables
-from ..sparse.window import Window
+from ..core.sharding import logical_tables
+from ..core.window import Window
 from . import store
-from .shards import Background, load_rows, read_dense, shard_file, write_dense, write_shard
+from .shards import Background, read_dense, read_rows, shard_applies, shard_file, write_dense, write_shard
 
 __all__ = ["Checkpointer", "restore_tables", "restore_dense"]
 
@@ -54,7 +54,7 @@ class Checkpointer:
         if ctx.is_ps:
             self._win.local(np.int64)[:] = -1
             self._win.sync()
-            ctx._service_hooks.append(self._ps_poll)
+            ctx.add_service_hook(self._ps_poll)
         self._res = np.zeros(1, np.int64)
         self._ign = np.zeros(1, np.int64)
         self._handled = -1            # PS: last request served
@@ -98,19 +98,9 @@ class Checkpointer:
         delta = self._get(me, KIND) == 1
         snap = {}
         for t in self.tables:
-            p = self.ctx.ps_rank
             dirty = t.take_dirty() if t.track_dirty else None    # workers are paused: no new marks
-            rows = dirty if delta else slice(None)
-            ids = t.sharding.global_ids(p)
-            snap[t.name] = {"ids": ids[rows], "weights": t.shard()[rows],
-                            "state": {k: v[rows] for k, v in t._state.items() if not k.startswith("_")},
-                            "applies": t._applies, "num_rows": t.num_rows, "dim": t.dim,
+            snap[t.name] = {**t.snapshot(dirty if delta else None), "num_rows": t.num_rows, "dim": t.dim,
                             "optimizer": repr(t.optimizer)}
-            if "_seen" in t._state:
-                snap[t.name]["state"]["momentum_seen"] = t._state["_seen"][rows].astype(np.uint8)
-            if not delta:                                       # fancy indexing above copied; slices did not
-                snap[t.name]["weights"] = snap[t.name]["weights"].copy()
-                snap[t.name]["state"] = {k: v.copy() for k, v in snap[t.name]["state"].items()}
         self._handled = req
         self._put(me, COPIED, req)
         path = store.tmp_dir(self.root, req) / shard_file(self.ctx.ps_rank)
@@ -189,7 +179,7 @@ class Checkpointer:
                                 "optimizer": repr(t.optimizer),
                                 **({"segments": [list(x) for x in t.segments]} if t.segments else {})}
                                for t in self.tables],
-                    "sharding": "modulo", "host": platform.node(),
+                    "sharding": _sharding_names(self.tables), "host": platform.node(),
                     "versions": _versions()}
         final = store.commit(self.root, step, manifest, self.keep, self.file_mode)
         self.committed.append(step)
@@ -212,6 +202,12 @@ class Checkpointer:
     def free(self) -> None:
         """Collective over the world."""
         self._win.free()
+
+
+def _sharding_names(tables):
+    """The manifest's ``sharding``: one name when every table is placed alike, else name by table."""
+    names = {t.name: t.sharding.name for t in tables}
+    return next(iter(names.values())) if len(set(names.values())) == 1 else names
 
 
 def _versions() -> dict:
@@ -261,28 +257,16 @@ def restore_tables(path, ctx, tables) -> int:
     sources = {t.name: _sources(path, specs, t) for t in tables}      # every rank checks, then PS ranks load
     if ctx.is_ps:
         for t in tables:
-            state = {k: v for k, v in t._state.items() if not k.startswith("_")}
-            seen = None
-            if "_seen" in t._state:
-                seen = np.zeros(t._state["_seen"].shape, np.uint8)
-                state["momentum_seen"] = seen
-            applies = 0
-            for i, link in enumerate(links):
-                lm = store.read_manifest(link)
-                files = [Path(link) / shard_file(p) for p in range(lm["num_ps"])]
-                filled = 0
-                for name, first, n, shift in sources[t.name]:
-                    a, f = load_rows(files, name, t.sharding.owner, ctx.num_ps, ctx.ps_rank, t.shard(), state,
-                                     span=(first, first + n), shift=shift)
-                    applies, filled = max(applies, a), filled + f
+            files = [[Path(link) / shard_file(p) for p in range(store.read_manifest(link)["num_ps"])]
+                     for link in links]
+            applies = max(shard_applies(f, name) for f in files for name, *_ in sources[t.name])
+            for i, paths in enumerate(files):
+                filled = sum(t.restore(read_rows(paths, name, t.sharding, ctx.ps_rank, t.dim, t.state_names,
+                                                 span=(first, first + n), shift=shift), applies)
+                             for name, first, n, shift in sources[t.name])
                 if i == 0 and filled != t.shard().shape[0]:     # a full checkpoint holds every row
                     raise ValueError(f"checkpoint table {t.name!r}: found {filled} of this PS's "
                                      f"{t.shard().shape[0]} rows")
-            t._applies = applies
-            if seen is not None:
-                t._state["_seen"][:] = seen.astype(bool)
-            t._data.sync()
-            t._sync_half()
     return int(man["step"])
 
 

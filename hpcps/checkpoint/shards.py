@@ -14,7 +14,7 @@ from h5py import h5d, h5p
 
 from .store import FILE_MODE, fsync_path
 
-__all__ = ["write_shard", "load_rows", "write_dense", "read_dense", "shard_file"]
+__all__ = ["write_shard", "read_rows", "shard_applies", "write_dense", "read_dense", "shard_file"]
 
 CHUNK_ROWS = 1 << 14
 
@@ -170,37 +170,39 @@ def write_shard(path, step: int, ps: int, num_ps: int, tables: dict, compression
                 out.dataset(g, f"state/{k}", v, compression)
 
 
-def load_rows(paths, name: str, owner, num_ps: int, ps: int, weights: np.ndarray, state: dict,
-              span=None, shift: int = 0) -> tuple[int, int]:
-    """Fill this PS's ``weights`` and ``state`` for table ``name`` from every shard file, whatever
-    number of PS wrote them (rows are matched by global id). ``span = (lo, hi)``: only the
-    checkpoint's ids in ``[lo, hi)``, each as job id ``id + shift`` (one logical table of a
-    table-batched table, or into one). Returns ``(update count, rows filled)``. Local."""
+def shard_applies(paths, name: str) -> int:
+    """The most optimizer steps any of the shard files ``paths`` records for table ``name``. Local."""
     applies = 0
-    filled = 0
+    for path in paths:
+        with h5py.File(path, "r", locking=False) as f:
+            applies = max(applies, int(f[f"tables/{name}"].attrs["applies"]))
+    return applies
+
+
+def read_rows(paths, name: str, sharding, ps: int, dim: int, state_names, span=None, shift: int = 0):
+    """Yield ``(ids, weights, state)`` of the rows of table ``name`` that PS ``ps`` owns under
+    ``sharding``, from every shard file, whatever number of PS wrote them and however they were
+    placed (rows are matched by global id): one chunk per file, what
+    :meth:`hpcps.EmbeddingTable.restore` takes. ``span = (lo, hi)``: only the checkpoint's ids in
+    ``[lo, hi)``, each as job id ``id + shift`` (one logical table of a table-batched table, or
+    into one). Local."""
     for path in paths:
         with h5py.File(path, "r", locking=False) as f:
             g = f[f"tables/{name}"]
-            if g["weights"].shape[1] != weights.shape[1]:
-                raise ValueError(f"checkpoint table {name!r} has dim {g['weights'].shape[1]}, "
-                                 f"the job has {weights.shape[1]}")
-            missing = set(state) - set(g.get("state", {}))
+            if g["weights"].shape[1] != dim:
+                raise ValueError(f"checkpoint table {name!r} has dim {g['weights'].shape[1]}, the job has {dim}")
+            missing = set(state_names) - set(g.get("state", {}))
             if missing:
                 raise ValueError(f"checkpoint table {name!r} lacks optimizer state {sorted(missing)} "
                                  f"(written by {g.attrs['optimizer']})")
-            applies = max(applies, int(g.attrs["applies"]))
             ids = g["ids"][...]
             keep = np.ones(ids.shape, bool) if span is None else (ids >= span[0]) & (ids < span[1])
             ids = ids + shift
-            mine = keep & (owner(ids) == ps)
+            mine = keep & (sharding.owner(ids) == ps)
             if not mine.any():
                 continue
-            local = ids[mine] // num_ps
-            weights[local] = g["weights"][...][mine]
-            for k, arr in state.items():
-                arr[local] = g[f"state/{k}"][...][mine]
-            filled += int(mine.sum())
-    return applies, filled
+            yield (ids[mine], g["weights"][...][mine],
+                   {k: g[f"state/{k}"][...][mine] for k in state_names})
 
 
 def write_dense(path, step: int, model_state: dict, optim_state: dict, extra: dict,

@@ -6,7 +6,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from ..sparse.sharding import logical_tables
+from ..core.sharding import logical_tables
 from . import store
 from .shards import read_dense, shard_file
 

@@ -9,7 +9,7 @@ rows: ``splitmix64(value ^ column key) % rows``.
 
 import numpy as np
 
-from ..sparse.initializers import _splitmix64
+from ..core.ids import splitmix64
 from .files import read_lines
 
 __all__ = ["parse_criteo", "load_criteo", "NUM_INT", "NUM_CAT"]
@@ -46,7 +46,7 @@ def hash_categoricals(cats: np.ndarray, rows: int) -> list:
     out = []
     for c in range(cats.shape[1]):
         key = np.uint64((c + 1) * 0x9E3779B97F4A7C15 % (1 << 64))
-        h = _splitmix64(cats[:, c].astype(np.uint64) ^ key)
+        h = splitmix64(cats[:, c].astype(np.uint64) ^ key)
         out.append((h % np.uint64(rows)).astype(np.int64))
     return out
 

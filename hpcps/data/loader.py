@@ -35,7 +35,7 @@ import traceback
 
 import numpy as np
 
-from .. import _wait
+from ..core import wait as _wait
 from .base import Batch
 
 __all__ = ["BatchAhead", "placement", "supported"]

@@ -18,7 +18,7 @@ from functools import cached_property
 
 import numpy as np
 
-from ..sparse.initializers import initial_rows
+from ..core.ids import initial_rows
 from .base import Batch, DataSource, worker_slice
 
 __all__ = ["SyntheticCTR", "BLOCK", "CDF_ROWS", "wrapped_zipf_cdf"]

@@ -12,8 +12,8 @@ import socket
 import numpy as np
 from mpi4py import MPI
 
-from .. import _wait
-from .._wait import wait_request
+from ..core import wait as _wait
+from ..core.wait import wait_request
 from ..errors import HpcpsError
 
 __all__ = ["MPIBackend", "NCCLBackend", "ShmBackend", "make_backend", "SHM_MAX_BYTES"]
@@ -118,7 +118,7 @@ class ShmBackend:
     def prepare(self, flats) -> None:
         """Allocate the slots for ``flats`` (the buckets, in order). Collective over ``comm``."""
         import torch
-        from ..sparse.window import Window
+        from ..core.window import Window
         for f in flats:
             if f.device.type != "cpu" or f.dtype not in (torch.float32, torch.float64):
                 raise ValueError(f"dense backend 'shm' all-reduces float32/float64 CPU tensors, got "
@@ -203,7 +203,7 @@ class NCCLBackend:
 
     name = "nccl"
 
-    def __init__(self, comm: MPI.Comm):
+    def __init__(self, comm: MPI.Comm, host: str | None = None):
         import torch
         import torch.distributed as dist
         if not torch.cuda.is_available():
@@ -218,7 +218,7 @@ class NCCLBackend:
         rank, size = comm.Get_rank(), comm.Get_size()
         addr = None
         if rank == 0:
-            host = os.environ.get("HPCPS_NCCL_HOST") or socket.gethostbyname(socket.gethostname())
+            host = host or os.environ.get("HPCPS_NCCL_HOST") or socket.gethostbyname(socket.gethostname())
             with socket.socket() as s:
                 s.bind(("", 0))
                 port = s.getsockname()[1]
@@ -250,10 +250,12 @@ class NCCLBackend:
             self._dist.destroy_process_group()
 
 
-def make_backend(name: str, comm: MPI.Comm, device, nbytes: int = 0) -> "MPIBackend | NCCLBackend | ShmBackend":
+def make_backend(name: str, comm: MPI.Comm, device, nbytes: int = 0,
+                 nccl_host: str | None = None) -> "MPIBackend | NCCLBackend | ShmBackend":
     """``auto`` picks NCCL for CUDA modules; for CPU ones shared memory when every worker is on
     one node and its ``2 x workers x nbytes`` (the buckets' bytes) fit in ``SHM_MAX_BYTES``, else
-    MPI. Collective over ``comm``."""
+    MPI. ``nccl_host``: the address worker 0 offers for the NCCL bootstrap (config key
+    ``model.nccl_host``; default ``$HPCPS_NCCL_HOST``, else its hostname's). Collective over ``comm``."""
     cpu = getattr(device, "type", str(device)) == "cpu"
     if name == "auto":
         name = "mpi" if cpu else "nccl"
@@ -266,5 +268,5 @@ def make_backend(name: str, comm: MPI.Comm, device, nbytes: int = 0) -> "MPIBack
     if name == "shm":
         return ShmBackend(comm)
     if name == "nccl":
-        return NCCLBackend(comm)
+        return NCCLBackend(comm, nccl_host)
     raise ValueError(f"dense backend must be auto, shm, mpi or nccl, got {name!r}")

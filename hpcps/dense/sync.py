@@ -32,11 +32,13 @@ class DenseSync(torch.nn.Module):
 
     backend: ``"auto"`` (NCCL for CUDA modules; for CPU ones shared memory when every worker is
     on one node, else MPI), ``"shm"``, ``"mpi"`` or ``"nccl"`` (``hpcps.dense.backends``).
-    bucket_mb: bucket size in MiB. Call ``synchronize()`` after ``backward()``
+    bucket_mb: bucket size in MiB. nccl_host: the address worker 0 offers for the NCCL
+    bootstrap (``nccl`` only). Call ``synchronize()`` after ``backward()``
     and before ``optimizer.step()``: gradients are then the average over workers.
     """
 
-    def __init__(self, module: torch.nn.Module, comm, backend: str = "auto", bucket_mb: float = 4.0):
+    def __init__(self, module: torch.nn.Module, comm, backend: str = "auto", bucket_mb: float = 4.0,
+                 nccl_host: str | None = None):
         super().__init__()
         if bucket_mb <= 0:
             raise ValueError(f"bucket_mb must be > 0, got {bucket_mb}")
@@ -56,7 +58,7 @@ class DenseSync(torch.nn.Module):
         if current:
             self._buckets.append(_Bucket(current, device, current[0].dtype))
         nbytes = sum(b.flat.numel() * b.flat.element_size() for b in self._buckets)
-        self.backend = make_backend(backend, comm, device, nbytes=nbytes)
+        self.backend = make_backend(backend, comm, device, nbytes=nbytes, nccl_host=nccl_host)
         # one worker: its gradients are the average already, so nothing is ever all-reduced
         self._solo = self.size == 1
         self.backend.prepare([] if self._solo else [b.flat for b in self._buckets])

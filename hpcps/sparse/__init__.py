@@ -1,9 +1,12 @@
-"""Sparse embedding tables on the PS ranks."""
+"""Sparse embedding tables on the PS ranks: the front (``table``), the pull and push paths,
+the PS's staging and apply, 16-bit rows, row bookkeeping, and the step protocol (``control``)."""
 
-from .initializers import default_scale, initial_rows
-from .optimizers import SGD, SparseOptimizer
-from .sharding import ModuloSharding
-from .table import EmbeddingTable, PullHandle, PushHandle, push_many
+from ..core.ids import default_scale, initial_rows
+from ..core.optimizers import SGD, SparseOptimizer
+from ..core.sharding import ModuloSharding, RangeSharding
+from .pull import PullHandle
+from .push import PushHandle, push_many
+from .table import EmbeddingTable
 
-__all__ = ["EmbeddingTable", "PullHandle", "PushHandle", "push_many", "ModuloSharding",
+__all__ = ["EmbeddingTable", "PullHandle", "PushHandle", "push_many", "ModuloSharding", "RangeSharding",
            "initial_rows", "default_scale", "SGD", "SparseOptimizer"]

@@ -22,23 +22,13 @@ workers through step ``t - 1``: used before evaluation and checkpoints.
 import numpy as np
 from mpi4py import MPI
 
-from .. import _wait
-from .._wait import backoff
-from .table import apply_staged
-from .window import Window
+from ..core import wait as _wait
+from ..core.settings import parse_mode
+from ..core.wait import backoff
+from ..core.window import Window
+from .staging import apply_staged
 
-__all__ = ["parse_mode", "StepControl"]
-
-
-def parse_mode(mode: str) -> tuple[str, int]:
-    """``"sync" | "async" | "ssp:S"`` -> (kind, S). Raises ``ValueError``. Local."""
-    if mode in ("sync", "async"):
-        return mode, 0
-    if isinstance(mode, str) and mode.startswith("ssp:"):
-        s = mode[4:]
-        if s.isdigit():
-            return "ssp", int(s)
-    raise ValueError(f"mode must be 'sync', 'async' or 'ssp:S' with an integer S >= 0, got {mode!r}")
+__all__ = ["StepControl"]
 
 
 class StepControl:
@@ -66,7 +56,7 @@ class StepControl:
                 if mem is not None and mem.size == 2 + W:
                     self._views[r] = mem
         # doorbells (oversubscribed node, Linux): a waiting rank sleeps on a futex on these words
-        # instead of waking every few tens of us to poll them (hpcps/_wait.py). A worker rings each
+        # instead of waking every few tens of us to poll them (hpcps/core/wait.py). A worker rings each
         # PS on its node after adding to its completion counter; a PS rings the workers after
         # publishing a step. The PS sleeps on its counter only when every worker shares its node
         # (a remote worker cannot ring it); every sleep ends after _wait.BELL_TIMEOUT_S anyway.

@@ -7,7 +7,7 @@ calls release the GIL). It needs ``MPI_THREAD_MULTIPLE``; where the MPI library
 gives less, it runs each call inline and says so once.
 
 ``PushBatch`` collects one step's pushes of several tables (the autograd hooks
-add to it) and sends them with one :func:`hpcps.sparse.table.push_many`: one
+add to it) and sends them with one :func:`hpcps.sparse.push.push_many`: one
 shard-lock round trip per PS per step instead of one per table.
 
 ``RowCache`` is a direct-mapped cache of rows a worker pulled, each with the
@@ -21,7 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 from mpi4py import MPI
 
-from .table import _push_many
+from .push import push_many_checked
 
 __all__ = ["CommThread", "PushBatch", "RowCache"]
 
@@ -41,8 +41,9 @@ class CommThread:
     def __init__(self, enabled: bool = True):
         if enabled and MPI.Query_thread() < MPI.THREAD_MULTIPLE:
             logger.warning("hpcps: MPI runs without MPI_THREAD_MULTIPLE, so pulls and pushes run inline "
-                           "(no background pipeline); launch with HPCPS_MPI_THREADS=multiple for the "
-                           "communication thread (hpcps asks for MPI_THREAD_SERIALIZED by default)")
+                           "(no background pipeline); set job.mpi_threads = multiple (HPCPS_MPI_THREADS=multiple, "
+                           "or hpcps.prepare_process('multiple')) for the communication thread (hpcps train "
+                           "asks for MPI_THREAD_SERIALIZED by default)")
             enabled = False
         self.enabled = enabled
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="hpcps-comm") if enabled else None
@@ -99,14 +100,14 @@ class PushBatch:
         self._items = []
 
     def add(self, table, ids: np.ndarray, grads: np.ndarray, checked: bool = False) -> None:
-        """Keep a push; ``checked``: the caller already checked it (``EmbeddingTable._push_parts``)."""
+        """Keep a push; ``checked``: the caller already checked it (``hpcps.sparse.push.push_parts``)."""
         self._items.append((table, ids, grads, checked))
 
     def flush(self) -> None:
         if not self._items:
             return
         items, self._items = self._items, []
-        self.comm.post(_push_many, items)
+        self.comm.post(push_many_checked, items)
 
 
 class RowCache:

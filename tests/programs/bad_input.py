@@ -3,6 +3,8 @@ import numpy as np
 
 import hpcps
 
+hpcps.prepare_process()       # before MPI starts (README, "Python API")
+
 N, D = 50, 4
 with hpcps.init(num_ps=1) as ctx:
     t = hpcps.EmbeddingTable(ctx, "clicks", N, D, optimizer=hpcps.optim.SGD(lr=0.5))

@@ -9,6 +9,8 @@ import numpy as np
 
 import hpcps
 
+hpcps.prepare_process()       # before MPI starts (README, "Python API")
+
 BUSY = 2.0
 with hpcps.init(num_ps=1, transport=sys.argv[1]) as ctx:
     t = hpcps.EmbeddingTable(ctx, "rows", 10_000, 16, optimizer=hpcps.optim.SGD(lr=1.0))

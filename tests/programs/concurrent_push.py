@@ -3,7 +3,7 @@
 Usage: concurrent_push.py NUM_PS TRANSPORT ROUNDS [stateful [LIST_ROWS]]
 With "stateful", gradients are staged and applied by the PS while workers keep
 pushing (async mode): nothing may be lost between a push and the PS's drain.
-LIST_ROWS sets the staged-row list's length (hpcps.sparse.table.STAGED_LIST_ROWS):
+LIST_ROWS sets the staged-row list's length (hpcps.sparse.staging.STAGED_LIST_ROWS):
 a short one overflows, and the PS then finds the staged rows by scanning.
 Every other round pushes distinct sorted ids, which a PS on the same node takes
 through its hand-off slab (one push at a time; the others are staged meanwhile).
@@ -11,14 +11,18 @@ through its hand-off slab (one push at a time; the others are staged meanwhile).
 import sys
 
 import numpy as np
-from mpi4py import MPI
 
 import hpcps
+
+hpcps.prepare_process()       # before MPI starts (README, "Python API")
+import hpcps.sparse.staging  # noqa: E402
+
+from mpi4py import MPI  # noqa: E402
 
 num_ps, transport, rounds = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 stateful = len(sys.argv) > 4 and sys.argv[4] == "stateful"
 if len(sys.argv) > 5:
-    hpcps.sparse.table.STAGED_LIST_ROWS = int(sys.argv[5])
+    hpcps.sparse.staging.STAGED_LIST_ROWS = int(sys.argv[5])
 N, D = 300, 4
 # warmup_steps=1 keeps the rate at exactly 1.0 but makes SGD stateful (applied by the PS)
 opt = hpcps.optim.SGD(lr=1.0, schedule=hpcps.optim.LRSchedule(warmup_steps=1 if stateful else 0))

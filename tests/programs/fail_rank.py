@@ -3,6 +3,8 @@ import time
 
 import hpcps
 
+hpcps.prepare_process()       # before MPI starts (README, "Python API")
+
 with hpcps.init(num_ps=1) as ctx:
     t = hpcps.EmbeddingTable(ctx, "t", 100, 4)
     if ctx.is_ps:

@@ -10,6 +10,8 @@ import torch
 
 import hpcps
 
+hpcps.prepare_process()       # before MPI starts (README, "Python API")
+
 num_ps, transport, dtype, opt_name = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
 N, D = 500, 8
 opt = hpcps.optim.SGD(lr=0.3) if opt_name == "sgd" else hpcps.optim.Adam(lr=0.05)

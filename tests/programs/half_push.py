@@ -10,11 +10,14 @@ import numpy as np
 import torch
 
 import hpcps
-import hpcps.sparse.table as table_module
+
+hpcps.prepare_process()       # before MPI starts (README, "Python API")
+import hpcps.sparse.codec as codec_module  # noqa: E402
+
 
 num_ps, transport, dtype = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 if len(sys.argv) > 4:
-    table_module.PUSH_INBOX_ROWS = int(sys.argv[4])
+    codec_module.PUSH_INBOX_ROWS = int(sys.argv[4])
 N, D, LR, B = 300, 8, 0.5, 96
 tdt = {"bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
 

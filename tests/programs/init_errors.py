@@ -1,9 +1,10 @@
 """Impossible layouts raise ValueError on every rank, before any window. Usage: init_errors.py NUM_PS"""
 import sys
 
-from mpi4py import MPI
-
 import hpcps
+
+hpcps.prepare_process()       # before MPI starts (README, "Python API")
+from mpi4py import MPI  # noqa: E402
 
 arg = sys.argv[1]
 num_ps = None if arg == "env" else (int(arg) if arg.lstrip("-").isdigit() else arg)

@@ -12,8 +12,11 @@ import numpy as np
 import torch
 
 import hpcps
-from hpcps.nn import ShardedEmbeddingBag
-from hpcps.sparse.pipeline import CommThread, RowCache
+
+hpcps.prepare_process()       # before MPI starts (README, "Python API")
+from hpcps.nn import ShardedEmbeddingBag  # noqa: E402
+from hpcps.sparse.pipeline import CommThread, RowCache  # noqa: E402
+
 
 num_ps, transport, opt_name = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 N, D = 200, 4

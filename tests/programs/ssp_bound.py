@@ -10,6 +10,8 @@ import numpy as np
 
 import hpcps
 
+hpcps.prepare_process()       # before MPI starts (README, "Python API")
+
 mode, steps = sys.argv[1], int(sys.argv[2])
 with hpcps.init(num_ps=1, mode=mode) as ctx:
     t = hpcps.EmbeddingTable(ctx, "x", 64, 4, optimizer=hpcps.optim.Adagrad(lr=0.1))

@@ -4,7 +4,11 @@ import sys
 import numpy as np
 
 import hpcps
-from hpcps.errors import FreedError, RoleError
+
+hpcps.prepare_process()       # before MPI starts (README, "Python API")
+from hpcps.errors import FreedError, RoleError  # noqa: E402
+
+from mpi4py import MPI  # noqa: E402
 
 num_ps, transport, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 N, D, SEED = 1003, 8, 7
@@ -13,10 +17,10 @@ ctx = hpcps.init(num_ps=num_ps, transport=transport)
 assert ctx.is_ps != ctx.is_worker
 assert ctx.num_ps == num_ps and ctx.num_workers == ctx.world.Get_size() - num_ps
 if ctx.is_ps:
-    assert ctx.worker_comm == hpcps.topology.MPI.COMM_NULL and ctx.ps_comm.Get_size() == num_ps
+    assert ctx.worker_comm == MPI.COMM_NULL and ctx.ps_comm.Get_size() == num_ps
     assert 0 <= ctx.ps_rank < num_ps and ctx.worker_rank == -1
 else:
-    assert ctx.ps_comm == hpcps.topology.MPI.COMM_NULL and ctx.worker_comm.Get_size() == ctx.num_workers
+    assert ctx.ps_comm == MPI.COMM_NULL and ctx.worker_comm.Get_size() == ctx.num_workers
     assert 0 <= ctx.worker_rank < ctx.num_workers and ctx.ps_rank == -1
 
 t = hpcps.EmbeddingTable(ctx, "items", N, D, optimizer=hpcps.optim.SGD(lr=0.1), seed=SEED)
@@ -28,7 +32,7 @@ assert tmp.freed
 
 # Memory: a PS holds exactly its shard, a worker exposes nothing.
 if ctx.is_ps:
-    assert t._data.nbytes == t.sharding.shard_rows(ctx.ps_rank) * D * 4
+    assert t.rows.nbytes == t.sharding.shard_rows(ctx.ps_rank) * D * 4
     np.testing.assert_array_equal(t.shard(), hpcps.initial_rows(SEED, "items", t.sharding.global_ids(ctx.ps_rank), D))
     try:
         t.pull([0])
@@ -37,7 +41,7 @@ if ctx.is_ps:
         assert "worker ranks" in str(e)
     ctx.serve()
 else:
-    assert t._data.nbytes == 0
+    assert t.rows.nbytes == 0
     try:
         t.shard()
         raise AssertionError("shard() on a worker must raise")

@@ -11,14 +11,14 @@ import hashlib
 
 import numpy as np
 
-__all__ = ["initial_rows", "default_scale"]
+__all__ = ["initial_rows", "default_scale", "splitmix64"]
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 
 
-def _splitmix64(x: np.ndarray) -> np.ndarray:
+def splitmix64(x: np.ndarray) -> np.ndarray:
     with np.errstate(over="ignore"):
         x = x + _GOLDEN
         x ^= x >> np.uint64(30)
@@ -51,7 +51,7 @@ def initial_rows(seed: int, name: str, ids, dim: int, scale: float | None = None
         out = np.empty((ids.size, dim), dtype=np.float32)
     key = _table_key(seed, name)
     counters = ids.astype(np.uint64)[:, None] * np.uint64(dim) + np.arange(dim, dtype=np.uint64)
-    bits = _splitmix64(counters ^ key) >> np.uint64(40)            # top 24 bits
+    bits = splitmix64(counters ^ key) >> np.uint64(40)            # top 24 bits
     np.multiply(bits, 2.0 * scale / (1 << 24), out=out, casting="unsafe")
     out -= np.float32(scale)
     return out

@@ -10,13 +10,13 @@ Each PS rank exposes two int64 words in a window of their own: the lock,
 taken with ``MPI_Compare_and_swap`` (0 -> world rank + 1) and released with an
 atomic ``MPI_Accumulate(REPLACE, 0)``, and a count of pushes staged since the
 PS last applied them (stateful optimizers). Waiting polls through MPI and pauses
-between tries as ``hpcps._wait`` says (a yield, or sleeps on an oversubscribed node).
+between tries as ``hpcps.core.wait`` says (a yield, or sleeps on an oversubscribed node).
 """
 
 import numpy as np
 from mpi4py import MPI
 
-from .._wait import backoff
+from .wait import backoff
 from .window import Window
 
 __all__ = ["ShardLocks"]

@@ -6,7 +6,6 @@ under a timeout; not collected by the serial run.
 
 import numpy as np
 import pytest
-from mpi4py import MPI
 
 import hpcps
 
@@ -39,8 +38,3 @@ def test_two_ps_sum_duplicates_across_workers():
         got = t.pull([3, 4, 5])
         W = ctx.num_workers
         np.testing.assert_array_equal(got, [[2 * W] * 2, [W] * 2, [0, 0]])
-
-
-@pytest.mark.mpi(min_size=2)
-def test_world_size_matches_launch():
-    assert MPI.COMM_WORLD.Get_size() >= 2

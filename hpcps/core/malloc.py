@@ -15,7 +15,8 @@ keep the cache drained, does not grow. With the cache off (glibc's tunable
 glibc reads tunables only when a process starts. So ``hpcps train`` (``hpcps train ...``,
 ``python -m hpcps train ...``, ``python -m mpi4py -m hpcps train ...``) starts itself once more with the
 tunable added to ``GLIBC_TUNABLES``, before MPI is initialised (:func:`restart_without_tcache`,
-called by ``import hpcps``). A program of your own that imports hpcps keeps its allocator: launch
+called by :func:`hpcps.core.process.prepare_process` where the command starts). A program of
+your own that imports hpcps keeps its allocator unless it calls ``prepare_process`` first; or launch
 it with ``GLIBC_TUNABLES=glibc.malloc.tcache_count=0`` (``mpiexec -genv`` / ``-x`` / ``srun
 --export``); without it, the workers return the heap's free pages every ``TRIM_EVERY`` steps
 (``malloc_trim(0)`` from :meth:`hpcps.Context.step_end`, 6-10 ms a trim), which keeps the
@@ -24,7 +25,7 @@ resident size near flat but not the pages fresh.
 An earlier fix pinned glibc's mmap threshold at 128 KiB instead: every block from 128 KiB up
 then got its own fresh mapping, and a worker ran its torch operators ~1.5x slower.
 
-``HPCPS_MALLOC_TUNE=0`` leaves the allocator alone (no restart, no trim). Local.
+``job.malloc_tune = false`` (``HPCPS_MALLOC_TUNE=0``) leaves the allocator alone (no restart, no trim). Local.
 """
 
 import ctypes
@@ -33,17 +34,25 @@ import platform
 import sys
 
 __all__ = ["TRIM_EVERY", "TUNABLE", "mode", "restart_without_tcache", "trim_heap", "tunables_with_tcache_off",
-           "wants_restart"]
+           "wants_restart", "set_tuning"]
 
 TRIM_EVERY = 100        # steps between two trims of a worker's heap, where the tcache is on
 TUNABLE = "glibc.malloc.tcache_count=0"
 _MARK = "HPCPS_MALLOC_RESTARTED"        # set in the restarted process: never restart twice
 
 _libc = None
+_tune = None            # set_tuning(); None: $HPCPS_MALLOC_TUNE (default on)
+
+
+def set_tuning(on: bool) -> None:
+    """Turn the restart and the trim on or off for this process (config key ``job.malloc_tune``). Local."""
+    global _tune, _libc
+    _tune, _libc = bool(on), None
 
 
 def _enabled(environ=os.environ) -> bool:
-    return environ.get("HPCPS_MALLOC_TUNE", "1") != "0" and platform.libc_ver()[0] == "glibc"
+    on = _tune if _tune is not None and environ is os.environ else environ.get("HPCPS_MALLOC_TUNE", "1") != "0"
+    return on and platform.libc_ver()[0] == "glibc"
 
 
 def _glibc():

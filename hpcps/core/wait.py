@@ -9,16 +9,16 @@ Each loop calls :func:`backoff` after a poll that found nothing. Two policies:
   on an oversubscribed node (more ranks than CPUs): a waiting rank gives its core
   to the ranks that compute, instead of taking half of it to spin. A shared-memory
   or RMA operation aimed at a sleeping rank still completes (windows are
-  ``Win.Allocate`` + ``Lock_all(MODE_NOCHECK)``, see ``hpcps/sparse/window.py``).
+  ``Win.Allocate`` + ``Lock_all(MODE_NOCHECK)``, see ``hpcps/core/window.py``).
   The process's timer slack is set to 1 us (Linux ``PR_SET_TIMERSLACK``; the
   default 50 us stretched every short sleep), so a rank notices a finished wait
   within ~60 us. Against a 200 us cap with the default slack, 1 PS + 3 workers on
   2 CPUs ran 85k -> 99k samples/s (median of 5 alternating runs each): in ``sync``
   mode every step waits on the slowest rank, and each late wake-up idles a core.
 
-``$HPCPS_WAIT`` = ``auto`` (default) | ``yield`` | ``sleep``; ``auto`` is ``sleep``
-where the ranks on this node outnumber the CPUs they may run on, else ``yield``.
-:func:`hpcps.init` decides it once per process.
+``wait`` of :func:`hpcps.init` (config key ``job.wait``, environment ``HPCPS_WAIT``) = ``auto``
+(default) | ``yield`` | ``sleep``; ``auto`` is ``sleep`` where the ranks on this node outnumber the
+CPUs they may run on, else ``yield``. :func:`hpcps.init` decides it once per process.
 """
 
 import ctypes
@@ -27,10 +27,11 @@ import platform
 import sys
 import time
 
+from .settings import WAIT_POLICIES
+
 __all__ = ["WAIT_POLICIES", "backoff", "set_policy", "wait_request", "bells", "pause", "futex_wait", "futex_wake",
            "HAVE_FUTEX", "BELL_TIMEOUT_S"]
 
-WAIT_POLICIES = ("auto", "yield", "sleep")
 _SPINS = 2                  # misses answered with a yield before the first sleep
 _FIRST_S, _MAX_S = 20e-6, 60e-6
 _SLACK_NS = 1000            # timer slack while the policy is sleep

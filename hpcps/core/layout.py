@@ -36,11 +36,12 @@ def check_num_ps(num_ps, world_size: int) -> int:
     return num_ps
 
 
-def check_launch(world_size: int, environ) -> None:
+def check_launch(world_size: int, environ, want=None) -> None:
     """Raise ``ValueError`` when the MPI world is smaller than the launch: every task then runs
-    as rank 0 of its own world and would train a separate copy of the job. ``HPCPS_WORLD_SIZE``,
-    when set, must equal the world size exactly. Local, pure (``environ``: a mapping)."""
-    want = environ.get("HPCPS_WORLD_SIZE", "").strip()
+    as rank 0 of its own world and would train a separate copy of the job. ``want`` (config key
+    ``job.world_size``; default ``HPCPS_WORLD_SIZE`` in ``environ``), when set, must equal the
+    world size exactly. Local, pure (``environ``: a mapping)."""
+    want = str(want if want else environ.get("HPCPS_WORLD_SIZE", "")).strip()
     if want:
         if not want.isdigit() or int(want) != world_size:
             raise ValueError(f"HPCPS_WORLD_SIZE={want} but the MPI world has {world_size} "

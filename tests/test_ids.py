@@ -1,6 +1,6 @@
 import numpy as np
 
-from hpcps.sparse.initializers import default_scale, initial_rows
+from hpcps.core.ids import default_scale, initial_rows
 
 
 def test_depends_only_on_seed_name_id():

@@ -53,6 +53,18 @@ class Window:
             return None
         return np.frombuffer(mem, dtype=dtype)
 
+    def map_shared(self, ranks, sizes, dtype=np.float32, dim: int | None = None) -> list:
+        """For each ``(rank, size)`` pair: ``rank``'s memory as a numpy array of ``size`` elements of
+        ``dtype`` (rows of ``dim`` when given), or None where ``rank`` is None, cannot be mapped or
+        holds another size. Local."""
+        views = []
+        for rank, size in zip(ranks, sizes):
+            mem = None if rank is None else self.shared(rank, dtype)
+            if mem is not None and mem.size != size:
+                mem = None
+            views.append(mem if mem is None or dim is None else mem.reshape(-1, dim))
+        return views
+
     def sync(self) -> None:
         """Memory barrier between direct loads/stores and RMA (``MPI_Win_sync``). Local."""
         self.win.Sync()

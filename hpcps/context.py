@@ -1,0 +1,230 @@
+"""The hpcps context: the role split, plus the step protocol and the shard locks of the tables.
+
+``hpcps.init`` splits the world communicator (:class:`hpcps.topology.Topology`)
+and returns a :class:`Context`. PS ranks hold table shards and wait in
+:meth:`Context.serve`; workers run the model, mark steps with
+:meth:`Context.step_begin` / :meth:`Context.step_end`, and call
+:meth:`Context.finalize` when done, which releases the PS ranks.
+"""
+
+import os
+
+from mpi4py import MPI
+
+from .core import malloc as _malloc
+from .core import wait as _wait
+from .core.layout import check_launch, check_num_ps
+from .core.locks import ShardLocks
+from .core.settings import RMA_READS, TRANSPORTS, WAIT_POLICIES, parse_mode
+from .errors import FreedError, RoleError
+from .sparse.control import StepControl
+from .topology import Topology, abort_on_uncaught
+
+__all__ = ["init", "Context"]
+
+
+def init(num_ps: int | None = None, comm: MPI.Comm | None = None, *,
+         transport: str | None = None, mode: str | None = None, wait: str | None = None,
+         rma_read: str | None = None, world_size: int | None = None, abort_on_error: bool = True) -> "Context":
+    """Split ranks into PS and worker groups. Collective over ``comm`` (default ``MPI.COMM_WORLD``).
+
+    num_ps: number of PS ranks; default ``$HPCPS_NUM_PS``, else 1. An explicit
+        argument wins over the environment.
+    transport: ``"auto"`` reads shards of PS ranks on the same node straight
+        from shared memory and uses RMA across nodes; ``"rma"`` forces the
+        cross-node path (RMA) everywhere. Default ``$HPCPS_TRANSPORT``, else auto.
+    mode: consistency of stateful sparse updates across steps: ``"sync"``,
+        ``"async"`` or ``"ssp:S"`` (see :class:`hpcps.sparse.control.StepControl`).
+        Default ``$HPCPS_MODE``, else async.
+    wait: how a waiting rank waits (``hpcps.core.wait``): ``"auto"``, ``"yield"`` or
+        ``"sleep"``. Default ``$HPCPS_WAIT``, else auto (sleep where the node's ranks
+        outnumber its CPUs).
+    rma_read: how a pull reads a remote shard: ``"get_accumulate"`` (atomic per element
+        under the MPI standard) or ``"get"`` (faster; safe where the MPI's reads of
+        aligned floats are not torn). Default ``$HPCPS_RMA_READ``, else get_accumulate.
+    world_size: when given, the world must have exactly this many ranks (default
+        ``$HPCPS_WORLD_SIZE``, else not checked).
+    abort_on_error: install a ``sys.excepthook`` that calls ``MPI_Abort`` so an
+        uncaught exception on one rank ends the job instead of hanging it.
+
+    Raises ``ValueError`` on every rank, before any window exists, when
+    ``num_ps < 1``, ``num_ps >= world size``, or ranks disagree on ``num_ps``, and
+    before any communication when the world is smaller than the launch (tasks
+    that each run as rank 0 of 1: see :func:`hpcps.core.layout.check_launch`).
+    """
+    world = MPI.COMM_WORLD if comm is None else comm
+    if world is MPI.COMM_WORLD:
+        check_launch(world.Get_size(), os.environ, world_size)
+    if num_ps is None:
+        num_ps = os.environ.get("HPCPS_NUM_PS", "1")
+    num_ps = check_num_ps(num_ps, world.Get_size())
+    transport = transport or os.environ.get("HPCPS_TRANSPORT", "auto")
+    if transport not in TRANSPORTS:
+        raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
+    mode = mode or os.environ.get("HPCPS_MODE", "async")
+    parse_mode(mode)
+    wait = wait or os.environ.get("HPCPS_WAIT", "auto")
+    if wait not in WAIT_POLICIES:
+        raise ValueError(f"wait (HPCPS_WAIT) must be one of {WAIT_POLICIES}, got {wait!r}")
+    rma_read = rma_read or os.environ.get("HPCPS_RMA_READ", "get_accumulate")
+    if rma_read not in RMA_READS:
+        raise ValueError(f"rma_read (HPCPS_RMA_READ) must be one of {RMA_READS}, got {rma_read!r}")
+    seen = world.allgather((num_ps, transport, mode))
+    if len(set(seen)) != 1:
+        raise ValueError(f"ranks disagree on (num_ps, transport, mode): {sorted(set(seen))}")
+    if abort_on_error:
+        abort_on_uncaught(world)
+    return Context(world, num_ps, transport, mode, wait, rma_read)
+
+
+class Context(Topology):
+    """Communicators, roles, step protocol and shard locks of one hpcps job. Made by :func:`init`."""
+
+    def __init__(self, world: MPI.Comm, num_ps: int, transport: str, mode: str = "async", wait: str = "auto",
+                 rma_read: str = "get_accumulate"):
+        super().__init__(world, num_ps, transport, wait)
+        self.mode = mode
+        self.rma_read = rma_read
+        self._tables = []          # live tables, in creation order (frees are collective)
+        self._served = False
+        self._finalized = False
+        self._service_hooks = []   # PS: called on every poll of the serve loop
+        self._resources = []       # freed collectively in finalize, after the tables
+        self.control = StepControl(self, mode)
+        # one lock (and one count of staged pushes) per PS for all its tables: a worker pushes a
+        # step's gradients of every table under one acquisition (hpcps.sparse.push.push_many)
+        self.shard_locks = ShardLocks(world, self.is_ps, what="shards")
+
+    # -- what lives as long as the context ---------------------------------
+    @property
+    def tables(self) -> tuple:
+        """The live tables of this context, in creation order. Local."""
+        return tuple(self._tables)
+
+    def register(self, table) -> None:
+        """Called by a table once its windows exist: ``finalize`` frees it (in creation order). Local."""
+        self.check_open()
+        self._tables.append(table)
+
+    def forget(self, table) -> None:
+        """Called by a table's ``free()``. Local."""
+        if table in self._tables:
+            self._tables.remove(table)
+
+    def add_resource(self, resource) -> None:
+        """Have ``finalize`` call ``resource.free()`` (collective), after the tables. Local."""
+        self._resources.append(resource)
+
+    def add_service_hook(self, hook) -> None:
+        """PS: call ``hook()`` on every poll of the serve loop (checkpoint requests). Local."""
+        self._service_hooks.append(hook)
+
+    def check_open(self) -> None:
+        """Raise ``FreedError`` once :meth:`finalize` ran. Local."""
+        if self._finalized:
+            raise FreedError("hpcps context was used after finalize()")
+
+    def _wait_all_workers_done(self) -> None:
+        # Non-blocking barrier over the world, polled through MPI so that RMA
+        # aimed at this rank keeps progressing; yield the CPU between polls.
+        req = self.world.Ibarrier()
+        misses = 0
+        while not req.Test():
+            seen = self.control.bell()               # before looking: a ring after it is not lost
+            if self.is_ps:
+                misses = 0 if self.control.service(self._tables) else misses + 1
+                for hook in self._service_hooks:
+                    hook()
+            else:
+                misses += 1
+            _wait.pause(max(misses, 1), self.control.bell_word, seen)
+        if self.is_ps:                       # every push is in: apply whatever is still staged
+            self.control.service(self._tables, final=True)
+            for hook in self._service_hooks:
+                hook()
+
+    # -- the step protocol (workers) -----------------------------------------
+    def step_begin(self, step: int) -> int:
+        """Worker, before the pulls of ``step``: wait as the mode requires. Returns the staleness seen.
+
+        sync: until every push of ``step - 1`` is applied; ssp:S: until the
+        slowest worker is at most S steps behind; async: no wait. Local (one-sided).
+        """
+        self.check_open()
+        if not self.is_worker:
+            raise RoleError("step_begin() is for worker ranks")
+        return self.control.begin(step)
+
+    def step_end(self, step: int) -> None:
+        """Worker, after every push of ``step`` returned. Local (one-sided).
+
+        Every ``hpcps.core.malloc.TRIM_EVERY`` steps it then returns the heap's free pages to the
+        system (glibc ``malloc_trim``), so a long run's resident memory stays flat, unless the
+        process runs with glibc's tcache off (``hpcps train`` does; see ``hpcps.core.malloc``).
+        """
+        self.check_open()
+        if not self.is_worker:
+            raise RoleError("step_end() is for worker ranks")
+        self.control.end(step)
+        if (step + 1) % _malloc.TRIM_EVERY == 0:
+            _malloc.trim_heap()
+
+    def fence(self, step: int) -> None:
+        """Worker: wait until every push of steps ``< step`` by every worker is applied. Local.
+
+        Every worker must have called ``step_end(step - 1)`` or this waits forever.
+        """
+        self.check_open()
+        if not self.is_worker:
+            raise RoleError("fence() is for worker ranks")
+        self.control.fence(step)
+
+    def serve(self) -> None:
+        """Serve table requests until every worker has called ``finalize()``.
+
+        PS ranks only. Create every table before calling it. Collective over the
+        world communicator (pairs with the workers' ``finalize``).
+        """
+        self.check_open()
+        if not self.is_ps:
+            raise RoleError("serve() is for PS ranks; workers call finalize() when done")
+        if self._served:
+            return
+        self._wait_all_workers_done()
+        self._served = True
+
+    def finalize(self) -> None:
+        """Release the PS ranks and free every table and communicator. Collective over the world.
+
+        Workers call it when they are done; on a PS rank it first serves until
+        all workers are done. A second call does nothing.
+        """
+        if self._finalized:
+            return
+        if self.is_ps:
+            self.serve()
+        else:
+            self._wait_all_workers_done()
+        for t in list(self._tables):
+            t.free()
+        for r in self._resources:
+            r.free()
+        self.shard_locks.free()
+        self.control.free()
+        self.free()
+        self._finalized = True
+
+    def __enter__(self) -> "Context":
+        return self
+
+    def __exit__(self, etype, value, tb) -> bool:
+        if etype is None:
+            self.finalize()
+        # On an exception, skip the collective finalize: the other ranks may
+        # never reach it. The exception propagates; the excepthook aborts the job.
+        return False
+
+    def __repr__(self) -> str:
+        role = f"ps {self.ps_rank}" if self.is_ps else f"worker {self.worker_rank}"
+        return (f"<hpcps.Context rank {self.rank}/{self.world.Get_size()}: {role}, num_ps={self.num_ps}, "
+                f"mode={self.mode}>")

@@ -1,0 +1,106 @@
+"""Building a job from its config: steps, tables, the model, the dense optimizer, pipeline switches."""
+
+import logging
+
+import torch
+from mpi4py import MPI
+
+from ..config import Config, build_sparse_optimizer, resolve_switch
+from ..core.optimizers import LRSchedule
+from ..core.settings import parse_mode
+from ..models import DLRM, MatrixFactorization
+from ..sparse import EmbeddingTable
+
+__all__ = ["total_steps", "table_specs", "fused_tables", "FUSED_TABLE", "dense_optimizer", "dense_schedule",
+           "build_model", "make_tables", "pipeline_switches"]
+
+logger = logging.getLogger(__name__)
+
+FUSED_TABLE = "embeddings"      # the table-batched table's name (model.fuse_tables)
+
+
+def total_steps(cfg: Config, data) -> int:
+    """Steps the job runs: ``job.epochs`` passes over file data when set, else ``job.steps``. Local."""
+    if cfg.job.epochs:
+        return cfg.job.epochs * data.steps_per_epoch
+    return cfg.job.steps
+
+
+def table_specs(cfg: Config, data) -> list:
+    """[(name, rows, dim, init_scale)] of the model's tables. Local."""
+    dim = cfg.model.dim
+    if cfg.model.kind == "mf":
+        (_, nu), (_, ni) = data.tables
+        return [("users", nu, dim, None), ("items", ni, dim, None), ("user_bias", nu, 1, 0.0),
+                ("item_bias", ni, 1, 0.0)]
+    return [(name, rows, dim, None) for name, rows in data.tables]
+
+
+def fused_tables(cfg: Config, specs) -> bool:
+    """Whether the job keeps the model's tables in one table-batched table (``model.fuse_tables``,
+    a DLRM whose tables share dim and initial scale). Local."""
+    return (cfg.model.fuse_tables and cfg.model.kind == "dlrm" and len(specs) > 1
+            and len({(dim, scale) for _, _, dim, scale in specs}) == 1)
+
+
+def dense_schedule(sec, steps: int) -> LRSchedule:
+    """The learning-rate schedule of ``[optimizer.dense]``. Local."""
+    return LRSchedule(kind=sec.schedule, warmup_steps=sec.warmup_steps, step_size=sec.step_size,
+                      gamma=sec.gamma, total_steps=max(steps, 1), min_factor=sec.min_factor)
+
+
+def dense_optimizer(sec, params) -> torch.optim.Optimizer:
+    """The torch optimizer of ``[optimizer.dense]``: torch's fused kernel (one call for every
+    parameter) where torch has one for the parameters' device, else the plain one. Local."""
+    name = sec.name.lower()
+    if name in ("sgd", "momentum"):
+        m = sec.momentum or (0.9 if name == "momentum" else 0.0)
+        cls, kw = torch.optim.SGD, dict(lr=sec.lr, momentum=m, weight_decay=sec.weight_decay)
+    elif name == "adagrad":
+        cls, kw = torch.optim.Adagrad, dict(lr=sec.lr, weight_decay=sec.weight_decay, eps=sec.eps or 1e-10)
+    elif name == "adam":
+        cls, kw = torch.optim.Adam, dict(lr=sec.lr, betas=(sec.beta1, sec.beta2), eps=sec.eps or 1e-8,
+                                         weight_decay=sec.weight_decay)
+    else:
+        raise ValueError(f"config: optimizer.dense.name = {sec.name!r}: must be sgd, momentum, adagrad or adam")
+    params = list(params)
+    try:
+        return cls(params, fused=True, **kw)
+    except (RuntimeError, ValueError):         # no fused kernel for this device or dtype
+        return cls(params, **kw)
+
+
+def build_model(cfg: Config, embeddings, data) -> torch.nn.Module:
+    """The model over the given embedding modules (hpcps or torch). Local."""
+    if cfg.model.kind == "mf":
+        return MatrixFactorization(embeddings, global_bias=getattr(data, "mean_rating", 0.0))
+    return DLRM(embeddings, data.num_dense, cfg.model.dim, cfg.model.bottom_mlp, cfg.model.top_mlp)
+
+
+def pipeline_switches(cfg: Config, ctx) -> dict:
+    """``{"prefetch": bool, "background_push": bool}`` as ``[pipeline]`` and the layout decide:
+    ``auto`` turns them on only where a worker reads some shard over RMA (latency to hide) and MPI
+    allows a communication thread (``job.mpi_threads = multiple``). Collective over the world."""
+    remote = cfg.job.transport == "rma" or bool(ctx.world.allreduce(
+        int(ctx.is_worker and any(r not in ctx.node_ranks for r in ctx.ps_world_ranks)), op=MPI.MAX))
+    threads = remote and MPI.Query_thread() >= MPI.THREAD_MULTIPLE
+    return {"prefetch": resolve_switch(cfg.pipeline.prefetch, threads),
+            "background_push": resolve_switch(cfg.pipeline.background_push, threads)}
+
+
+def make_tables(cfg: Config, ctx, data, steps: int, pipe: dict) -> list:
+    """The job's embedding tables: one table-batched table (a segment per feature table: a step's
+    pulls, pushes and optimizer apply take one pass instead of one per table; each row starts as
+    before) where :func:`fused_tables` says so, else one per feature table. Collective over the world."""
+    kind, _ = parse_mode(ctx.mode)
+    c = cfg.checkpoint
+    options = dict(optimizer=build_sparse_optimizer(cfg.optimizer.sparse, steps), seed=cfg.job.seed,
+                   transport=cfg.job.transport, track_dirty=bool(c.dir) and c.full_every > 1,
+                   track_versions=pipe["prefetch"] and kind != "async", pull_dtype=cfg.pipeline.pull_dtype,
+                   push_dtype=cfg.pipeline.push_dtype, sharding=cfg.model.sharding)
+    specs = table_specs(cfg, data)
+    if fused_tables(cfg, specs):
+        (_, _, dim, scale) = specs[0]
+        return [EmbeddingTable(ctx, FUSED_TABLE, sum(rows for _, rows, _, _ in specs), dim, init_scale=scale,
+                               segments=[(name, rows) for name, rows, _, _ in specs], **options)]
+    return [EmbeddingTable(ctx, name, rows, dim, init_scale=scale, **options) for name, rows, dim, scale in specs]

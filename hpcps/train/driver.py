@@ -1,0 +1,108 @@
+"""``train(cfg)``: the job behind ``hpcps train``.
+
+Every rank builds the data source (for table sizes) and the tables; the job
+resumes from a checkpoint if one is asked for; PS ranks then serve, workers run
+the loop (:class:`hpcps.train.worker.Worker`).
+"""
+
+import contextlib
+import logging
+import time
+
+import torch
+from mpi4py import MPI
+
+from .. import checkpoint as ckpt_mod
+from ..config import Config, resolve_switch
+from ..context import init
+from ..data import make_data
+from ..data.loader import BatchAhead, placement
+from ..data.loader import supported as loader_supported
+from ..nn import IdPlan
+from ..stopping import StopRequest
+from .build import make_tables, pipeline_switches, total_steps
+from .recovery import find_resume, open_checkpointer
+from .telemetry import peak_rss
+from .worker import Worker
+
+__all__ = ["train"]
+
+logger = logging.getLogger(__name__)
+
+
+def train(cfg: Config) -> dict | None:
+    """Run the job a config describes. Collective over ``MPI.COMM_WORLD``.
+
+    Returns the final summary on every rank (``hpcps train`` prints it on rank 0);
+    ``summary["stopped"]`` is True when a stop request ended the job after a checkpoint.
+    """
+    world = MPI.COMM_WORLD
+    summary = None
+    if cfg.model.device == "cuda" and not torch.cuda.is_available():      # checked alike on every rank
+        raise ValueError("config: model.device = 'cuda' but torch sees no GPU")
+    j = cfg.job
+    with init(num_ps=j.num_ps, transport=j.transport, mode=j.mode, wait=j.wait, rma_read=j.rma_read,
+              world_size=j.world_size or None) as ctx:
+        # torch's default (every CPU, per rank) oversubscribes a node that runs several ranks
+        torch.set_num_threads(cfg.model.threads or max(1, ctx.node_cpus // ctx.node_comm.Get_size()))
+        data = make_data(cfg.data, j.seed, ctx.num_workers, max(ctx.worker_rank, 0))
+        steps = total_steps(cfg, data)
+        pipe = pipeline_switches(cfg, ctx)
+        tables = make_tables(cfg, ctx, data, steps, pipe)
+        stop = StopRequest(cfg.checkpoint.dir)
+        ckpt = open_checkpointer(cfg, ctx, tables)
+        resume_from = find_resume(cfg, world)
+        start, t_restore = 0, time.perf_counter()
+        if resume_from is not None:
+            start = ckpt_mod.restore_tables(resume_from, ctx, tables)
+            if world.Get_rank() == 0:
+                logger.warning("hpcps: resuming from %s (step %d)", resume_from, start)
+        ctx.control.set_start(start)                   # a barrier: every PS has its rows
+        restore_s = time.perf_counter() - t_restore if resume_from is not None else 0.0
+        log, held = None, 0
+        if ctx.is_ps:
+            ctx.serve()
+            held = sum(t.held_bytes() for t in tables)
+        else:
+            loader = _loader(cfg, ctx, data, start, steps, tables)
+            with loader or contextlib.nullcontext():
+                worker = Worker(cfg, ctx, data, tables, steps, start, resume_from, ckpt, stop, pipe, loader)
+                summary, log = worker.run()
+            if summary is not None:
+                summary["restore_s"] = restore_s
+        first_worker = ctx.worker_world_ranks[0]
+        is_ps = ctx.is_ps
+    # memory: every rank's peak resident set against the table bytes (rows + optimizer state) its
+    # shards hold; gathered after the PS ranks left serve()
+    mem = world.gather((is_ps, peak_rss(), held), root=first_worker)
+    if summary is not None:
+        summary["memory"] = {"ps_peak_rss_mb": [round(r / 1e6, 1) for p, r, _ in mem if p],
+                             "ps_table_mb": [round(h / 1e6, 3) for p, _, h in mem if p],
+                             "worker_peak_rss_mb": [round(r / 1e6, 1) for p, r, _ in mem if not p]}
+    if log is not None:
+        log.write({"final": summary})
+        log.close()
+    return world.bcast(summary, root=first_worker)
+
+
+def _loader(cfg, ctx, data, start: int, steps: int, tables) -> BatchAhead | None:
+    """This worker's :class:`BatchAhead` where ``pipeline.loader`` asks for one, else None. ``auto``:
+    where each worker and each loader of this node can have a CPU of its own (the PS ranks mostly
+    wait); then the worker and its loader are pinned apart (``hpcps.data.loader.placement``). For
+    DLRM the loader also checks and indexes each batch's ids (:class:`hpcps.nn.IdPlan`). Local."""
+    ps = set(ctx.ps_world_ranks)
+    here = sorted(r for r in ctx.node_ranks if r not in ps)
+    fits = 2 * len(here) <= ctx.node_cpus
+    where = placement(here.index(ctx.rank), len(here)) if fits else None
+    if not resolve_switch(cfg.pipeline.loader, where is not None) or steps - start < 2:
+        return None
+    if not loader_supported():
+        logger.warning("hpcps: pipeline.loader = on needs Linux on x86-64; drawing batches in the worker")
+        return None
+    annex = None
+    if cfg.model.kind == "dlrm":
+        plan = IdPlan(tables)
+
+        def annex(batch):
+            return plan.pack(batch.sparse)
+    return BatchAhead(data, start, steps, cpus=where, defer=True, annex=annex)

@@ -1,0 +1,95 @@
+"""Checkpoints of a training job: where they go, which one a job resumes from, and when workers
+take one (``every_steps``, ``every_seconds``, a stop request)."""
+
+import logging
+import time
+from pathlib import Path
+
+from mpi4py import MPI
+
+from .. import checkpoint as ckpt_mod
+from ..config import Config, parse_permissions
+
+__all__ = ["open_checkpointer", "find_resume", "CheckpointTrigger"]
+
+logger = logging.getLogger(__name__)
+
+
+def open_checkpointer(cfg: Config, ctx, tables):
+    """The job's :class:`hpcps.checkpoint.Checkpointer` (None without ``checkpoint.dir``); the
+    directory is made by world rank 0 with ``checkpoint.dir_mode``. Collective over the world."""
+    c = cfg.checkpoint
+    if not c.dir:
+        return None
+    dir_mode = parse_permissions(c.dir_mode, "checkpoint.dir_mode")
+    file_mode = parse_permissions(c.file_mode, "checkpoint.file_mode")
+    if ctx.world.Get_rank() == 0:
+        Path(c.dir).mkdir(mode=dir_mode, parents=True, exist_ok=True)
+    ckpt = ckpt_mod.Checkpointer(ctx, tables, c.dir, c.keep, c.compression, {"config": cfg.to_dict()},
+                                 full_every=c.full_every, dir_mode=dir_mode, file_mode=file_mode)
+    ctx.add_resource(ckpt)
+    return ckpt
+
+
+def find_resume(cfg: Config, world: MPI.Comm):
+    """The checkpoint to resume from (``checkpoint.resume``), or None; rank 0 looks, every rank
+    gets its answer or its ``ValueError``. Collective over ``world``."""
+    c = cfg.checkpoint
+    if c.resume == "none" or (not c.dir and c.resume == "auto"):
+        return None
+    found = None
+    if world.Get_rank() == 0:
+        try:
+            found = ckpt_mod.resolve(c.resume, c.dir)
+        except ValueError as e:
+            found = e
+    found = world.bcast(found, root=0)
+    if isinstance(found, ValueError):
+        raise found
+    return found
+
+
+class CheckpointTrigger:
+    """When the workers take checkpoints: after a step, every ``checkpoint.every_steps`` steps,
+    when worker 0 saw ``checkpoint.every_seconds`` pass, or on a stop request; the decision is
+    agreed over the worker communicator. Local to a worker, its calls collective over the workers."""
+
+    def __init__(self, cfg: Config, ckpt, stop, comm: MPI.Comm, lead: bool, start: int):
+        self.c, self.ckpt, self.stop, self.comm, self.lead = cfg.checkpoint, ckpt, stop, comm, lead
+        self.last_time, self.last_step, self.stopped = time.time(), start, False
+
+    def after_step(self, step: int, steps: int, model, opt, log) -> bool:
+        """After step ``step`` (0-based) of ``steps``: checkpoint if due; True when a stop request
+        ended training (the checkpoint committed). Collective over the worker communicator."""
+        ckpt, c = self.ckpt, self.c
+        if ckpt is None:
+            return False
+        ckpt.poll_commit()
+        due = bool(c.every_steps) and (step + 1) % c.every_steps == 0
+        flags = [int(self.stop.requested()), int(self.lead and c.every_seconds > 0
+                                                 and time.time() - self.last_time >= c.every_seconds)]
+        flags = self.comm.allreduce(flags if step + 1 < steps else [0, 0], op=MPI.MAX)
+        if (due or any(flags)) and step + 1 < steps:
+            ckpt.checkpoint(step + 1, model, opt)
+            self.last_time, self.last_step = time.time(), step + 1
+            log.write({"checkpoint": step + 1, "stall_s": ckpt.stall_seconds[-1]})
+        if flags[0]:
+            self.stopped = True
+            ckpt.wait_commit()
+        return self.stopped
+
+    def finish(self, steps: int, start: int, model, opt) -> None:
+        """At the end of training: the final checkpoint (unless a stop request took one, or the job
+        had nothing to do), committed. Collective over the worker communicator."""
+        if self.ckpt is None or self.stopped:
+            return
+        if self.last_step != steps and steps > start:       # a finished job takes no new checkpoint
+            self.ckpt.checkpoint(steps, model, opt)
+        self.ckpt.wait_commit()
+
+    def summary(self) -> dict:
+        """The final summary's checkpoint fields (worker 0). Local."""
+        ckpt = self.ckpt
+        return {"checkpoints": ckpt.committed if ckpt is not None else [],
+                "checkpoint_timings": ckpt.timings if ckpt is not None else [],
+                "checkpoint_stall_s": max(ckpt.stall_seconds) if ckpt is not None and ckpt.stall_seconds else 0.0}

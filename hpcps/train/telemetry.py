@@ -1,0 +1,111 @@
+"""What a worker measures while it trains: per-phase time, staleness, pipeline counters, memory,
+the metrics records every ``job.log_every`` steps and the final summary's pipeline part."""
+
+import time
+
+from mpi4py import MPI
+
+__all__ = ["Telemetry", "pipeline_summary", "peak_rss", "thread_level_name", "PHASES"]
+
+# per-step time of worker 0 by phase (seconds since the last record): idle = waiting in step_begin
+# for the mode's fence; pull / push = this thread waiting for its pulls / pushes (with the pipeline
+# on, most of that work runs on the communication thread meanwhile)
+PHASES = ("data", "idle", "pull", "forward_backward", "push", "dense_allreduce")
+_THREAD_LEVELS = {MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled",
+                  MPI.THREAD_SERIALIZED: "serialized", MPI.THREAD_MULTIPLE: "multiple"}
+
+
+def thread_level_name() -> str:
+    """The MPI thread level this process got, by name. Local."""
+    return _THREAD_LEVELS.get(MPI.Query_thread(), str(MPI.Query_thread()))
+
+
+def waits(embs) -> tuple[float, float]:
+    """Seconds this thread has waited for pulls and for pushes, summed over ``embs``. Local."""
+    return sum(e.pull_wait_s for e in embs), sum(e.push_wait_s for e in embs)
+
+
+def pipeline_rates(embs, totals: dict) -> dict:
+    """Cache hit rate and the share of prefetched rows pulled again, since the last call (this
+    worker's view); adds the counts to ``totals``. Local."""
+    out = {}
+    counts = [e.cache.take_counts() for e in embs if e.cache is not None]
+    pre, again = sum(e.prefetched_rows for e in embs), sum(e.refreshed_rows for e in embs)
+    for e in embs:
+        e.prefetched_rows = e.refreshed_rows = 0
+    for key, v in (("lookups", sum(c[0] for c in counts)), ("hits", sum(c[1] for c in counts)),
+                   ("prefetched", pre), ("refreshed", again)):
+        totals[key] = totals.get(key, 0) + v
+    if counts:
+        out["cache_hit_rate"] = sum(c[1] for c in counts) / max(sum(c[0] for c in counts), 1)
+    if pre:
+        out["prefetch_refreshed"] = again / pre
+    return out
+
+
+def pipeline_summary(pl, pipe, comm_thread, embs, totals, loader) -> dict:
+    """The final summary's ``pipeline`` part. Local."""
+    pipeline_rates(embs, totals)                      # counts since the last record
+    out = {"prefetch": pipe["prefetch"], "background_push": comm_thread.enabled, "cache_rows": pl.cache_rows,
+           "pull_dtype": pl.pull_dtype, "push_dtype": pl.push_dtype, "loader": loader is not None}
+    if loader is not None:
+        out["loader_wait_s"] = round(loader.wait_s, 6)
+    if pl.cache_rows:
+        out["cache_hit_rate"] = totals["hits"] / max(totals["lookups"], 1)
+        out["cache_staleness"] = pl.cache_staleness
+    if totals.get("prefetched"):
+        out["prefetch_refreshed"] = totals["refreshed"] / totals["prefetched"]
+    if pl.push_dtype != "float32":                     # pushes sent as float32: a PS's inbox was full
+        out["push_inbox_full"] = sum(e.table.stats.inbox_full for e in embs)
+    return out
+
+
+def peak_rss() -> int:
+    """This process's peak resident set in bytes (Linux ru_maxrss is in KiB). Local."""
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+class Telemetry:
+    """A worker's counters between two metrics records. Local."""
+
+    def __init__(self, tables, embs, num_ps: int, batch_size: int, start: int):
+        self.tables, self.embs, self.num_ps, self.batch_size = tables, embs, num_ps, batch_size
+        self.timing = dict.fromkeys(PHASES, 0.0)
+        self.stale_counts = {}
+        self.totals = {}                    # pipeline counts over the whole run
+        self.last_step, self.last_t = start, time.perf_counter()
+        self.loss_acc, self.n_acc = 0.0, 0
+        self._mark_tables()
+
+    def _mark_tables(self) -> None:
+        self._table_s = [(t.stats.pull_seconds, t.stats.push_seconds) for t in self.tables]
+
+    def add(self, times: dict, stale: int, loss: float, samples: int) -> None:
+        """One step's phase times, staleness seen, summed loss and samples. Local."""
+        for k, v in times.items():
+            self.timing[k] += v
+        self.stale_counts[stale] = self.stale_counts.get(stale, 0) + 1
+        self.loss_acc += loss
+        self.n_acc += samples
+
+    def record(self, step: int, stale: int) -> dict:
+        """The metrics record of the steps since the last one (``step`` steps done), and reset. Local."""
+        now = time.perf_counter()
+        n = max(step - self.last_step, 1)
+        rate = (step - self.last_step) * self.batch_size / max(now - self.last_t, 1e-9)
+        tables = self.tables
+        rec = {"step": step, "loss": self.loss_acc / max(self.n_acc, 1), "samples_per_s": rate,
+               "staleness": stale,
+               "pull_ms": 1e3 * sum(t.stats.pull_seconds - p[0] for t, p in zip(tables, self._table_s)) / n,
+               "push_ms": 1e3 * sum(t.stats.push_seconds - p[1] for t, p in zip(tables, self._table_s)) / n,
+               "rows_per_ps": [int(sum(t.stats.rows_per_ps[p] for t in tables)) for p in range(self.num_ps)],
+               "bytes_per_ps": [int(sum(t.stats.bytes_per_ps[p] for t in tables)) for p in range(self.num_ps)],
+               "staleness_counts": {str(k): v for k, v in sorted(self.stale_counts.items())},
+               **pipeline_rates(self.embs, self.totals),
+               "time_breakdown_s": {k: round(v, 6) for k, v in self.timing.items()}}
+        self.timing = dict.fromkeys(self.timing, 0.0)
+        self.stale_counts = {}
+        self._mark_tables()
+        self.last_step, self.last_t, self.loss_acc, self.n_acc = step, now, 0.0, 0
+        return rec

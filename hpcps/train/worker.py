@@ -1,0 +1,262 @@
+"""The worker's training loop.
+
+    step_begin(t) -> read own slice of global batch t -> forward (pulls rows)
+    -> backward (autograd hooks collect the sparse gradients; dense buckets are
+    all-reduced as they fill) -> push every table's gradients together
+    (push_many) -> step_end(t) (with the loader's id plans, both from the
+    embeddings' hook, while the bottom MLP still runs backward) -> read own
+    slice of batch t+1 (from the loader process, ``pipeline.loader``) and check
+    and index its ids (while the other workers finish and the PS applies step
+    t) -> finish the dense all-reduce -> dense optimizer step
+
+Each worker's loss is its share of the global-batch mean (``sum / B * W``;
+the dense all-reduce averages over W workers and sparse gradients are pushed
+scaled by ``1/W``), so in ``sync`` mode training equals one process training
+on the whole global batch.
+"""
+
+import functools
+import time
+
+import torch
+from mpi4py import MPI
+
+from .. import checkpoint as ckpt_mod
+from ..core import malloc
+from ..core.settings import parse_mode
+from ..dense import DenseSync
+from ..metrics import MetricsLog
+from ..nn import IdPlan, ShardedEmbeddingBag, ShardedEmbeddingCollection
+from ..sparse.pipeline import CommThread, PushBatch, RowCache
+from .build import build_model, dense_optimizer, dense_schedule
+from .evaluation import evaluate, export_weights, step_loss
+from .recovery import CheckpointTrigger
+from .telemetry import Telemetry, pipeline_summary, thread_level_name, waits
+
+__all__ = ["Worker"]
+
+
+def _device(cfg, comm: MPI.Comm) -> torch.device:
+    device = torch.device(cfg.model.device)
+    if device.type == "cuda":
+        local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        device = torch.device("cuda", local.Get_rank() % torch.cuda.device_count())
+        local.Free()
+        torch.cuda.set_device(device)
+    return device
+
+
+class Worker:
+    """One worker's model, optimizers and loop. Made and run collectively over the worker communicator."""
+
+    def __init__(self, cfg, ctx, data, tables, steps: int, start: int = 0, resume_from=None, ckpt=None,
+                 stop=None, pipe=None, loader=None):
+        self.cfg, self.ctx, self.data, self.tables = cfg, ctx, data, tables
+        self.steps, self.start, self.loader = steps, start, loader
+        self.W, self.comm = ctx.num_workers, ctx.worker_comm
+        self.lead = ctx.worker_rank == 0
+        torch.manual_seed(cfg.job.seed)
+        self.device = _device(cfg, self.comm)
+        pl = cfg.pipeline
+        self.kind, self.bound = parse_mode(ctx.mode)
+        self.pipe = pipe or {"prefetch": False, "background_push": False}
+        self.comm_thread = CommThread(enabled=self.pipe["background_push"])
+        # cache_rows is per feature table: a table-batched table caches that many rows per segment
+        caches = [RowCache(pl.cache_rows * len(t.logical), t.dim, pl.cache_staleness)
+                  if pl.cache_rows else None for t in tables]
+        self.pushes = PushBatch(self.comm_thread)   # a step's pushes of every table go out together
+        self.embs = [ShardedEmbeddingBag(t, mode="sum", grad_scale=1.0 / self.W, device=self.device,
+                                         comm=self.comm_thread, cache=cache, batch=self.pushes)
+                     for t, cache in zip(tables, caches)]
+        # DLRM looks every table up at once (one autograd node and one hook for all of them)
+        self.lookup = ShardedEmbeddingCollection(self.embs) if cfg.model.kind == "dlrm" else self.embs
+        self.model = build_model(cfg, self.lookup, data).to(self.device)
+        self.dense = DenseSync(self.model, self.comm, backend=cfg.model.dense_backend, bucket_mb=cfg.model.bucket_mb,
+                               nccl_host=cfg.model.nccl_host or None)
+        self.opt = dense_optimizer(cfg.optimizer.dense, self.model.parameters())
+        self.dense_params = [p for g in self.opt.param_groups for p in g["params"]]
+        self.sched = dense_schedule(cfg.optimizer.dense, steps)
+        self.base_lrs = [g["lr"] for g in self.opt.param_groups]
+        if resume_from is not None:
+            ckpt_mod.restore_dense(resume_from, self.model, self.opt, ctx.worker_rank)
+            for g, lr in zip(self.opt.param_groups, self.base_lrs):
+                g["lr"] = lr
+        self.trigger = CheckpointTrigger(cfg, ckpt, stop, self.comm, self.lead, start)
+        self.log = MetricsLog(cfg.metrics.path if self.lead else "")
+        self.bar = None
+        if self.lead and cfg.metrics.progress:
+            from tqdm import tqdm
+            self.bar = tqdm(total=steps, initial=start, desc="train", unit="step", dynamic_ncols=True)
+        self.telemetry = Telemetry(tables, self.embs, ctx.num_ps, cfg.data.batch_size, start)
+        self.draw = loader.train_batch if loader is not None else data.train_batch
+        self.next_batch = None
+        self.reported = {}          # step -> seconds its report took, when the lookup's hook made it
+        # Early only where the loader makes the ids' plans: then the worker's work after its pushes
+        # (~0.25 ms in the main job at 1 PS + 1 worker) is shorter than the PS's apply (~0.5 ms), which
+        # bounds the step. Where the worker's own work is longer (no loader: it draws and plans the
+        # next batch there, ~0.85 ms), starting the PS earlier gains nothing, and measured 3-4% slower.
+        self.early = (isinstance(self.lookup, ShardedEmbeddingCollection) and loader is not None
+                      and loader.annex is not None)
+
+    # ------------------------------------------------------------ reporting a step done
+    def _report(self, step: int) -> None:
+        # the step is done for the PS once its pushes are: report it right after them (on the comm
+        # thread, if on), so the PS applies it while this worker finishes backward, all-reduces and
+        # steps the dense layers
+        t = time.perf_counter()
+        self.pushes.flush()             # inline: the step's pushes happen here
+        self.comm_thread.post(self.ctx.step_end, step)
+        self.reported[step] = time.perf_counter() - t
+
+    def _report_early(self, step: int) -> None:
+        # a collection's hook has every table's gradient of the step while the layers below the
+        # embeddings (DLRM's bottom MLP) still run backward: the PS's apply overlaps them
+        if step not in self.reported:
+            self._report(step)
+
+    # ------------------------------------------------------------ one step
+    def _prefetch_next(self, step: int) -> float:
+        """Step t+1's rows are read now, while step t's pushes may still land: a row stamped above
+        t - S afterwards is pulled again at t+1 (sync: S = 0), so nothing is missed. Returns the
+        seconds spent drawing the batch."""
+        td = time.perf_counter()
+        self.next_batch = self.draw(step + 1)
+        t_data = time.perf_counter() - td
+        refresh = None if self.kind == "async" else step - self.bound
+        if isinstance(self.lookup, ShardedEmbeddingCollection):
+            self.lookup.prefetch(self.next_batch.sparse, step + 1, refresh_above=refresh)
+        else:
+            for e, ids in zip(self.embs, self.next_batch.sparse):
+                e.prefetch(ids, step + 1, refresh_above=refresh)
+        return t_data
+
+    def _draw_next(self, step: int) -> None:
+        """Draw the next batch now: it fills time this worker would spend waiting for the other
+        workers' gradients and for the PS's apply of this step (the data depend on neither)."""
+        self.next_batch = self.draw(step + 1)
+        if isinstance(self.lookup, ShardedEmbeddingCollection):
+            # its ids checked and indexed now (by the loader, if on), not in the next forward
+            made = self.loader.annex_of(step + 1) if self.loader is not None else None
+            self.lookup.prepare(self.next_batch.sparse, IdPlan.unpack(made) if made else None)
+
+    def _dense_step(self, step: int) -> None:
+        cfg = self.cfg
+        if cfg.optimizer.dense.clip_norm:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optimizer.dense.clip_norm)
+        f = self.sched.factor(step)
+        for g, lr in zip(self.opt.param_groups, self.base_lrs):
+            g["lr"] = lr * f
+        self.opt.step()
+
+    def step(self, step: int) -> None:
+        """Train step ``step``: pulls, forward, backward, pushes, dense all-reduce and optimizer step.
+        Collective over the worker communicator (the dense all-reduce)."""
+        embs, steps = self.embs, self.steps
+        t0 = time.perf_counter()
+        stale = self.ctx.step_begin(step)
+        if self.loader is not None:
+            self.loader.release()           # the loader draws while this worker computes (not while the PS applies)
+        t1 = time.perf_counter()
+        batch = self.next_batch if self.next_batch is not None else self.draw(step)
+        self.next_batch = None
+        t2 = time.perf_counter()
+        waits0 = waits(embs)
+        for e in embs:
+            e.step = step
+        loss, total = step_loss(self.model, batch, self.data.task, self.cfg.data.batch_size, self.W, self.device)
+        t_data = t_early = 0.0
+        if self.pipe["prefetch"] and step + 1 < steps:
+            t_data = self._prefetch_next(step)
+        for p in self.dense_params:         # opt.zero_grad(set_to_none=True) without its ~50 us of wrappers
+            p.grad = None
+        if self.early:
+            self.lookup.after_push = functools.partial(self._report_early, step)
+        loss.backward()
+        if self.early:
+            self.lookup.after_push = None
+        t3 = time.perf_counter()
+        waits3 = waits(embs)                # inline pulls happen inside forward/backward
+        t_report = self.reported.pop(step, None)
+        if t_report is None:                # no hook reported it (a model without a collection)
+            self._report(step)
+            t_report = self.reported.pop(step)
+        else:
+            t3 -= t_report                  # in backward, but push time
+        t3p = time.perf_counter()
+        if self.next_batch is None and step + 1 < steps:
+            self._draw_next(step)
+            t_early = time.perf_counter() - t3p
+        self.dense.synchronize()
+        t4 = time.perf_counter()
+        self._dense_step(step)
+        if self.cfg.job.step_delay:
+            time.sleep(self.cfg.job.step_delay)
+        for e in embs:
+            e.wait_pushes()
+        pull_s, push_s = (b - a for a, b in zip(waits0, waits(embs)))
+        in_fb = sum(b - a for a, b in zip(waits0, waits3))
+        self.telemetry.add({"idle": t1 - t0, "data": t2 - t1 + t_data + t_early, "pull": pull_s,
+                            "push": push_s + t_report,
+                            "forward_backward": max(t3 - t2 - t_data - in_fb, 0.0),
+                            "dense_allreduce": t4 - t3p - t_early}, stale, total, len(batch))
+        self._stale = stale
+
+    def _after_step(self, step: int) -> bool:
+        """Progress, metrics (and evaluation) every ``job.log_every`` steps, checkpoints; True when
+        a stop request ends training. Collective over the worker communicator."""
+        cfg, steps = self.cfg, self.steps
+        if self.bar is not None:
+            self.bar.update(1)
+        if (step + 1) % cfg.job.log_every == 0 or step + 1 == steps:
+            rec = self.telemetry.record(step + 1, self._stale)
+            if self.bar is not None:
+                self.bar.set_postfix(loss=f"{rec['loss']:.4f}", samples_s=f"{rec['samples_per_s']:,.0f}")
+            if cfg.job.eval_every and (step + 1) % cfg.job.eval_every == 0 and step + 1 < steps:
+                self.ctx.fence(step + 1)
+                rec["eval"] = evaluate(self.model, self.data, self.comm, self.device)
+            self.log.write(rec)
+        return self.trigger.after_step(step, steps, self.model, self.opt, self.log)
+
+    # ------------------------------------------------------------ the run
+    def run(self):
+        """Train steps ``start..steps-1``; returns ``(final summary, metrics log)`` on worker 0 and
+        ``(None, None)`` elsewhere. Collective over the worker communicator."""
+        steps, start = self.steps, self.start
+        t_start = time.perf_counter()
+        step = start
+        for step in range(start, steps):
+            self.step(step)
+            if self._after_step(step):
+                break
+        for e in self.embs:                                # a prefetch no step will use must still end
+            e.discard_prefetch()
+        self.comm_thread.close()
+        if self.bar is not None:
+            self.bar.close()
+        self.trigger.finish(steps, start, self.model, self.opt)
+        elapsed = time.perf_counter() - t_start
+        done_steps = step + 1 if steps > start else start
+        self.ctx.fence(done_steps)                         # every staged gradient is applied
+        result = evaluate(self.model, self.data, self.comm, self.device)
+        all_stale = self.comm.gather(self.ctx.control.staleness, root=0)
+        if self.cfg.job.export and self.lead:
+            export_weights(self.cfg.job.export, self.model, self.tables)
+        self.comm.Barrier()
+        self.dense.close()
+        if not self.lead:
+            return None, None
+        return self._summary(result, done_steps, elapsed, all_stale), self.log
+
+    def _summary(self, result: dict, done_steps: int, elapsed: float, all_stale) -> dict:
+        ctx = self.ctx
+        flat = [s for part in all_stale for s in part]
+        ran = done_steps - self.start
+        return {**result, "steps": done_steps, "start_step": self.start, "stopped": self.trigger.stopped,
+                **self.trigger.summary(),
+                "samples_per_s": ran * self.cfg.data.batch_size / max(elapsed, 1e-9),
+                "elapsed_s": elapsed, "num_ps": ctx.num_ps, "num_workers": self.W, "mode": ctx.mode,
+                "wait_policy": ctx.wait_policy, "node_cpus": ctx.node_cpus, "malloc": malloc.mode(),
+                "mpi_threads": thread_level_name(), "sharding": self.tables[0].sharding.name,
+                "max_staleness": max(flat) if flat else 0, "data": self.data.stats,
+                "pipeline": pipeline_summary(self.cfg.pipeline, self.pipe, self.comm_thread, self.embs,
+                                             self.telemetry.totals, self.loader)}

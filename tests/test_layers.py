@@ -1,0 +1,129 @@
+"""The layers of hpcps (docs/design.md, "Layers"): each module imports only from its own layer or
+below, read from the source with ``ast``; and the pure modules start no MPI."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PKG = ROOT / "hpcps"
+
+# module (prefix) -> hpcps modules (prefixes) it may import; the first matching prefix decides
+LAYERS = [
+    ("hpcps._version", []),
+    ("hpcps.errors", []),
+    ("hpcps.core", ["hpcps.core", "hpcps.errors"]),
+    ("hpcps.topology", ["hpcps.core", "hpcps.errors"]),
+    ("hpcps.sparse", ["hpcps.sparse", "hpcps.core", "hpcps.errors"]),
+    ("hpcps.dense", ["hpcps.dense", "hpcps.core", "hpcps.errors"]),
+    ("hpcps.context", ["hpcps.topology", "hpcps.sparse", "hpcps.core", "hpcps.errors"]),
+    ("hpcps.optim", ["hpcps.core"]),
+    ("hpcps.models", ["hpcps.models"]),
+    ("hpcps.nn", ["hpcps.sparse", "hpcps.core"]),
+    ("hpcps.data", ["hpcps.data", "hpcps.core"]),
+    ("hpcps.metrics", []),
+    ("hpcps.stopping", []),
+    ("hpcps.config", ["hpcps.core"]),
+    ("hpcps.checkpoint", ["hpcps.checkpoint", "hpcps.core", "hpcps.errors", "hpcps._version"]),
+    ("hpcps.train", ["hpcps.train", "hpcps.context", "hpcps.sparse", "hpcps.dense", "hpcps.nn", "hpcps.models",
+                     "hpcps.data", "hpcps.checkpoint", "hpcps.config", "hpcps.metrics", "hpcps.stopping",
+                     "hpcps.core"]),
+    ("hpcps.reference", ["hpcps.train", "hpcps.config", "hpcps.data", "hpcps.core"]),
+    ("hpcps.demo", ["hpcps.context", "hpcps.sparse", "hpcps.optim", "hpcps.core"]),
+    ("hpcps.report", ["hpcps.metrics"]),
+    ("hpcps.cli", ["hpcps"]),
+    ("hpcps.__main__", ["hpcps.cli", "hpcps.stopping"]),
+    ("hpcps", ["hpcps._version", "hpcps.errors"]),      # the face: the rest is loaded lazily by name
+]
+PURE = ["hpcps", "hpcps.config", "hpcps.core.ids", "hpcps.core.sharding", "hpcps.core.optimizers",
+        "hpcps.core.settings", "hpcps.core.layout", "hpcps.core.wait", "hpcps.core.malloc", "hpcps.core.process",
+        "hpcps.data", "hpcps.models", "hpcps.metrics", "hpcps.optim", "hpcps.stopping"]
+
+
+def _modules():
+    for path in sorted(PKG.rglob("*.py")):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        is_pkg = parts[-1] == "__init__"
+        if is_pkg:
+            parts = parts[:-1]
+        yield ".".join(parts), is_pkg, path
+
+
+def _imports(name: str, is_pkg: bool, path: Path):
+    """hpcps modules ``path`` imports (relative imports resolved), with their line numbers."""
+    package = name if is_pkg else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            targets = [mod] if node.module else [f"{mod}.{a.name}" for a in node.names]
+        else:
+            continue
+        for t in targets:
+            if t == "hpcps" or t.startswith("hpcps."):
+                yield t, node.lineno
+
+
+def _allowed(name: str) -> list:
+    for prefix, allowed in LAYERS:
+        if name == prefix or name.startswith(prefix + "."):
+            return allowed
+    raise AssertionError(f"{name} is in no layer: add it to LAYERS and to docs/design.md")
+
+
+def _within(target: str, prefixes) -> bool:
+    return any(target == p or target.startswith(p + ".") for p in prefixes)
+
+
+def test_every_module_imports_only_its_layer_or_below():
+    bad = []
+    for name, is_pkg, path in _modules():
+        allowed = _allowed(name)
+        own = name.split(".")[:2]
+        for target, line in _imports(name, is_pkg, path):
+            if target.split(".")[:2] == own and name != "hpcps":
+                continue                        # within its own subpackage or module
+            if not _within(target, allowed):
+                bad.append(f"{path.relative_to(ROOT)}:{line} imports {target}")
+    assert not bad, "imports against the layers (docs/design.md):\n" + "\n".join(bad)
+
+
+def test_the_check_sees_a_violation(tmp_path):
+    """The parser itself: a checkpoint module reaching into the sparse tables is caught."""
+    f = tmp_path / "coordinator.py"
+    f.write_text("from ..sparse.table import EmbeddingTable\nimport hpcps.core.window\n")
+    got = [t for t, _ in _imports("hpcps.checkpoint.coordinator", False, f)]
+    assert got == ["hpcps.sparse.table", "hpcps.core.window"]
+    assert not _within(got[0], _allowed("hpcps.checkpoint.coordinator"))
+
+
+@pytest.mark.parametrize("module", PURE)
+def test_pure_modules_start_no_mpi(module):
+    code = f"import sys, {module}; assert 'mpi4py.MPI' not in sys.modules, sorted(m for m in sys.modules if 'hpcps' in m)"
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+
+
+def test_import_hpcps_has_no_side_effects():
+    """No restart, no MPI, no change to mpi4py's settings: only imports."""
+    code = ("import os, sys, mpi4py; before = dict(vars(mpi4py.rc)); pid = os.getpid(); import hpcps; "
+            "assert os.getpid() == pid and dict(vars(mpi4py.rc)) == before; "
+            "assert 'mpi4py.MPI' not in sys.modules; print(hpcps.__version__)")
+    r = subprocess.run([sys.executable, "-c", code, "train"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip(), r.stderr
+
+
+def test_source_parses_as_the_oldest_python_setup_cfg_allows():
+    """setup.cfg says python_requires >= 3.10: every module must parse as 3.10 (no 3.11+ syntax)."""
+    text = (ROOT / "setup.cfg").read_text()
+    assert "python_requires = >=3.10" in text
+    for _, _, path in _modules():
+        ast.parse(path.read_text(), str(path), feature_version=(3, 10))
