@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from ._version import __version__
+from .errors import HpcpsError
 
 __all__ = ["main"]
 
@@ -114,6 +115,35 @@ def _config(args):
         return Config(), e if args.command == "train" else None
 
 
+def _abort(e: Exception) -> None:
+    """Report an error raised on this rank while the job runs (other ranks may wait for this one in
+    MPI: they would never notice), naming the rank, and end the whole job: ``MPI_Abort``, exit 2."""
+    import time
+
+    from mpi4py import MPI
+
+    from .topology import ABORT_GRACE_S
+    world = MPI.COMM_WORLD
+    sys.stderr.write(f"hpcps: error on world rank {world.Get_rank()} of {world.Get_size()}: {e}\n"
+                     f"hpcps: ending the whole job\n")
+    sys.stderr.flush()
+    time.sleep(ABORT_GRACE_S)            # the launcher forwards the message before the abort kills us
+    world.Abort(2)
+
+
+def _run_collective(fn, *args):
+    """``fn(*args)`` (collective over the world); ``(result, None)``, or ``(None, error)`` for a
+    ``ValueError`` raised alike on every rank before any context existed. An error raised while a
+    context is open (on this rank alone, perhaps) ends the whole job (:func:`_abort`)."""
+    from .context import open_contexts
+    try:
+        return fn(*args), None
+    except (ValueError, OSError, HpcpsError) as e:
+        if open_contexts() or not isinstance(e, ValueError):
+            _abort(e)
+        return None, e
+
+
 def _error(e: Exception) -> int:
     """Report an error raised alike on every rank (before any communication): one line, exit 2."""
     from mpi4py import MPI
@@ -170,10 +200,9 @@ def main(argv=None) -> int:
             if getattr(args, name) < 1:
                 _parser().error(f"--{name} must be >= 1")
         from mpi4py import MPI
-        try:
-            summary = run_demo(args.rows, args.dim, args.batch, args.steps, args.num_ps,
-                               args.transport, args.seed, args.zipf)
-        except ValueError as e:
+        summary, e = _run_collective(run_demo, args.rows, args.dim, args.batch, args.steps, args.num_ps,
+                                     args.transport, args.seed, args.zipf)
+        if e is not None:
             return _error(e)
         ok = MPI.COMM_WORLD.allreduce(summary is None or summary["verified"], op=MPI.LAND)
         if summary is not None:
@@ -182,14 +211,15 @@ def main(argv=None) -> int:
     if args.command == "train":
         from mpi4py import MPI
         from .train import train
-        from .stopping import EXIT_CHECKPOINTED
-        try:
-            final = train(cfg)
-        except ValueError as e:
+        from .stopping import EXIT_CHECKPOINTED, EXIT_STOPPED
+        final, e = _run_collective(train, cfg)
+        if e is not None:
             return _error(e)
         if MPI.COMM_WORLD.Get_rank() == 0:
             print(json.dumps({"final": final}), flush=True)
-        return EXIT_CHECKPOINTED if final.get("stopped") else 0
+        if final.get("stopped"):
+            return EXIT_CHECKPOINTED if final.get("saved") else EXIT_STOPPED
+        return 0
     return 2
 
 

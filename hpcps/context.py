@@ -20,7 +20,15 @@ from .errors import FreedError, RoleError
 from .sparse.control import StepControl
 from .topology import Topology, abort_on_uncaught
 
-__all__ = ["init", "Context"]
+__all__ = ["init", "Context", "open_contexts"]
+
+_open = 0                   # contexts made and not finalized, in this process
+
+
+def open_contexts() -> int:
+    """How many contexts of this process are made and not finalized: while one is, an error on
+    this rank alone must end the whole job (the other ranks may wait in it). Local."""
+    return _open
 
 
 def init(num_ps: int | None = None, comm: MPI.Comm | None = None, *,
@@ -82,7 +90,9 @@ class Context(Topology):
 
     def __init__(self, world: MPI.Comm, num_ps: int, transport: str, mode: str = "async", wait: str = "auto",
                  rma_read: str = "get_accumulate"):
+        global _open
         super().__init__(world, num_ps, transport, wait)
+        _open += 1
         self.mode = mode
         self.rma_read = rma_read
         self._tables = []          # live tables, in creation order (frees are collective)
@@ -213,6 +223,8 @@ class Context(Topology):
         self.control.free()
         self.free()
         self._finalized = True
+        global _open
+        _open -= 1
 
     def __enter__(self) -> "Context":
         return self

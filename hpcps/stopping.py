@@ -1,4 +1,4 @@
-"""Stop requests: SIGUSR1 or SIGTERM to a rank, or a file ``STOP`` in the checkpoint directory.
+"""Stop requests: SIGUSR1, SIGTERM or SIGINT to a rank, or a file ``STOP`` in the checkpoint directory.
 
 The handler only sets a flag (no I/O in a signal handler); the trainer looks at it at each step
 boundary, takes a checkpoint and exits with ``EXIT_CHECKPOINTED``. ``hpcps train`` installs the
@@ -9,10 +9,12 @@ handler before its slow imports, so a signal that arrives while the job starts (
 import signal
 from pathlib import Path
 
-__all__ = ["install", "StopRequest", "EXIT_CHECKPOINTED"]
+__all__ = ["install", "StopRequest", "EXIT_CHECKPOINTED", "EXIT_STOPPED"]
 
-# Exit code of a job that checkpointed on request and stopped (documented in the README).
+# Exit codes of a job that stopped on request (documented in the README): after a checkpoint, or
+# without one (no checkpoint.dir: nothing was saved).
 EXIT_CHECKPOINTED = 85
+EXIT_STOPPED = 86
 
 _flag = False
 
@@ -23,8 +25,9 @@ def _set(signum, frame):
 
 
 def install() -> None:
-    """Catch SIGUSR1 and SIGTERM from now on (main thread only; a no-op elsewhere). Local."""
-    for sig in (signal.SIGUSR1, signal.SIGTERM):
+    """Catch SIGUSR1, SIGTERM and SIGINT (Ctrl-C, which MPI launchers forward as SIGINT or SIGTERM)
+    from now on (main thread only; a no-op elsewhere). Local."""
+    for sig in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
         try:
             signal.signal(sig, _set)
         except ValueError:             # not the main thread

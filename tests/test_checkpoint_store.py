@@ -123,3 +123,58 @@ def test_shard_writer_checks_free_space_first_and_removes_a_failed_file(tmp_path
     with pytest.raises(OSError, match="writing .*bad.h5 failed"):
         shards.write_shard(tmp_path / "bad.h5", 7, 0, 1, {"t": bad})
     assert not (tmp_path / "bad.h5").exists() and not (tmp_path / "bad.h5.sha256").exists()
+
+
+def _set_parent(p, parent):
+    man = json.loads((p / "manifest.json").read_text())
+    man["parent"], man["kind"] = parent, "delta"
+    (p / "manifest.json").write_text(json.dumps(man))
+
+
+@pytest.mark.parametrize("parent", ["self", "newer", "other", 7])
+def test_a_manifest_whose_parent_loops_or_is_bogus_is_an_error_not_a_hang(tmp_path, parent):
+    old, p = _make(tmp_path, 10), _make(tmp_path, 20)
+    name = {"self": p.name, "newer": "step-000000030", "other": "../../etc"}.get(parent, parent)
+    if parent == "newer":
+        _set_parent(old, p.name)            # 10 -> 20 -> 10: a loop through two checkpoints
+        name = old.name
+        p, old = old, p
+    _set_parent(p, name)
+    with pytest.raises(ValueError, match="parent"):
+        store.chain(p)
+    assert not store.verify_chain(p)[0]
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "hpcps", "ckpt", "ls", str(tmp_path)], capture_output=True, text=True,
+                       timeout=60)
+    assert "BROKEN" in r.stdout
+
+
+def test_a_manifest_that_is_not_an_object_is_a_clear_error(tmp_path):
+    p = _make(tmp_path, 10)
+    (p / "manifest.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match="not a JSON object"):
+        store.read_manifest(p)
+    assert not store.verify(p)[0]
+
+
+def test_a_planted_latest_tmp_symlink_is_replaced_not_followed(tmp_path):
+    outside = tmp_path / "outside.txt"
+    outside.write_text("keep me")
+    os.chmod(outside, 0o644)
+    root = tmp_path / "ck"
+    root.mkdir()
+    (root / "latest.tmp").symlink_to(outside)
+    p = _make(root, 10)
+    assert outside.read_text() == "keep me" and stat.S_IMODE(os.stat(outside).st_mode) == 0o644
+    assert (root / "latest").read_text().strip() == p.name and not (root / "latest").is_symlink()
+
+
+def test_export_refuses_an_output_inside_a_checkpoint(tmp_path):
+    from hpcps.checkpoint import tools
+    p = _make(tmp_path, 10)
+    before = (p / "ps-00000.h5").read_bytes()
+    for out in (p / "ps-00000.h5", p / "sub" / "x.h5", store.tmp_dir(tmp_path, 20) / "x.h5"):
+        with pytest.raises(ValueError, match="inside checkpoint"):
+            tools.export(p, out)
+    assert (p / "ps-00000.h5").read_bytes() == before

@@ -13,6 +13,7 @@ fsynced, and one ``rename`` commits it; ``latest`` moves only after that, and
 older ones are pruned only after it. No MPI here: every function is local.
 """
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -23,7 +24,7 @@ import time
 from pathlib import Path
 
 __all__ = ["step_dir", "tmp_dir", "list_checkpoints", "verify", "verify_chain", "chain", "newest_verified",
-           "commit", "resolve",
+           "commit", "resolve", "inside_checkpoint",
            "read_manifest", "MANIFEST", "DIR_MODE", "FILE_MODE"]
 
 logger = logging.getLogger(__name__)
@@ -67,8 +68,12 @@ def list_checkpoints(root) -> list[Path]:
 
 
 def read_manifest(path) -> dict:
+    """The manifest of checkpoint ``path``; ``ValueError`` when it is not a JSON object. Local."""
     with open(Path(path) / MANIFEST) as f:
-        return json.load(f)
+        man = json.load(f)
+    if not isinstance(man, dict):
+        raise ValueError(f"{Path(path).name}: {MANIFEST} is not a JSON object")
+    return man
 
 
 def verify(path) -> tuple[bool, str]:
@@ -95,13 +100,21 @@ def verify(path) -> tuple[bool, str]:
 
 def chain(path) -> list[Path]:
     """The checkpoints a restore of ``path`` reads, oldest first: its full baseline, then the
-    incremental ones up to ``path`` (just ``[path]`` for a full checkpoint)."""
+    incremental ones up to ``path`` (just ``[path]`` for a full checkpoint). Raises
+    ``ValueError`` on a manifest whose ``parent`` is not a checkpoint name, leads back to a
+    checkpoint already in the chain (a loop), or is not older."""
     path = Path(path)
     links = [path]
     while True:
-        parent = read_manifest(links[0]).get("parent")
+        man = read_manifest(links[0])
+        parent = man.get("parent")
         if not parent:
             return links
+        if not isinstance(parent, str) or not _NAME.match(parent):
+            raise ValueError(f"{links[0].name}: manifest parent {parent!r} is not a checkpoint name")
+        child = _NAME.match(links[0].name)
+        if parent in {p.name for p in links} or (child and int(_NAME.match(parent).group(1)) >= int(child.group(1))):
+            raise ValueError(f"{links[0].name}: manifest parent {parent!r} is not an older checkpoint (a loop)")
         links.insert(0, path.parent / parent)
 
 
@@ -149,6 +162,29 @@ def resolve(spec: str, root) -> Path | None:
     return found
 
 
+def _write_new(path: Path, text: str, mode: int) -> None:
+    """Write ``text`` to a new file ``path`` with ``mode``, fsynced. Whatever is at ``path`` (a
+    stale file, or a symlink planted there) is removed first, never followed."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+    os.fchmod(fd, mode)                      # exactly the mode, whatever the umask
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def inside_checkpoint(path, root=None) -> Path | None:
+    """The checkpoint directory (``step-N`` or ``step-N.tmp``) that ``path`` lies in or is, else
+    None. Local."""
+    p = Path(path).resolve()
+    for d in (p, *p.parents):
+        if _NAME.match(d.name) or re.match(r"^step-\d{9,}\.tmp$", d.name):
+            return d
+    return None
+
+
 def commit(root, step: int, manifest: dict, keep: int, file_mode: int = FILE_MODE) -> Path:
     """Checksum the files of ``tmp_dir(root, step)``, write the manifest, fsync, rename into
     place, move ``latest``, then prune to the newest ``keep`` (0 = keep all). Local: one rank
@@ -183,13 +219,8 @@ def commit(root, step: int, manifest: dict, keep: int, file_mode: int = FILE_MOD
     if replaced is not None:
         shutil.rmtree(replaced, ignore_errors=True)
     fsync_path(root)
-    latest_tmp = Path(root) / "latest.tmp"
-    with open(latest_tmp, "w") as f:
-        f.write(final.name + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.chmod(latest_tmp, file_mode)
-    os.replace(latest_tmp, Path(root) / "latest")
+    _write_new(Path(root) / "latest.tmp", final.name + "\n", file_mode)
+    os.replace(Path(root) / "latest.tmp", Path(root) / "latest")
     fsync_path(root)
     if keep > 0:
         kept = list_checkpoints(root)[-keep:]

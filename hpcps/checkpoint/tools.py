@@ -91,6 +91,10 @@ def export(path, out, fmt: str = "h5") -> int:
     """One file: ``tables/<name>/weights`` [num_rows, dim] in global-id order (a table-batched
     table as its logical tables) and ``dense/<name>``."""
     p = _pick(path)
+    inside = store.inside_checkpoint(out)
+    if inside is not None:
+        raise ValueError(f"--out {out} is inside checkpoint {inside}: export writes a new file, never into a "
+                         f"checkpoint; choose a path outside it")
     man = store.read_manifest(p)
     tables = _gather_tables(p, man)
     model, _, _ = read_dense(p / "dense.h5")

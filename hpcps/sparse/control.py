@@ -1,8 +1,9 @@
 """Consistency modes: ``sync``, ``async`` and ``ssp:S`` over one small RMA window.
 
-Each PS rank exposes ``int64[2 + W]``: ``[0]`` counts step completions
-reported by workers, ``[1]`` is the number of steps this PS has applied, and
-on PS 0 ``[2 + w]`` is worker ``w``'s clock (steps finished).
+Each PS rank exposes ``int64[3 + W]``: ``[0]`` counts step completions
+reported by workers, ``[1]`` is the number of steps this PS has applied, on
+PS 0 ``[2 + w]`` is worker ``w``'s clock (steps finished), and ``[2 + W]`` is 1
+once this PS was asked to stop (a signal to the PS alone: :meth:`StepControl.ps_asked_to_stop`).
 
 Workers call ``begin(t)`` before pulling for step ``t`` and ``end(t)`` after
 their pushes of step ``t`` completed:
@@ -39,7 +40,7 @@ class StepControl:
         self.mode = mode
         self.ctx = ctx
         W = ctx.num_workers
-        self._win = Window(ctx.world, (2 + W) * 8 if ctx.is_ps else 0, what="step control")
+        self._win = Window(ctx.world, (3 + W) * 8 if ctx.is_ps else 0, what="step control")
         # the words of this PS (its own memory), and of each PS on this node as shared memory: read
         # and written with plain loads and stores between Win_sync barriers. The PS polls its counter
         # dozens of times a step, and an MPI atomic on a window shared by busy ranks cost 40 us or
@@ -53,7 +54,7 @@ class StepControl:
         if ctx.is_worker and ctx.transport == "auto":
             for r in ctx.ps_world_ranks:
                 mem = self._win.shared(r, np.int64) if r in ctx.node_ranks else None
-                if mem is not None and mem.size == 2 + W:
+                if mem is not None and mem.size == 3 + W:
                     self._views[r] = mem
         # doorbells (oversubscribed node, Linux): a waiting rank sleeps on a futex on these words
         # instead of waking every few tens of us to poll them (hpcps/core/wait.py). A worker rings each
@@ -77,7 +78,7 @@ class StepControl:
         W = self.ctx.num_workers
         if self.ctx.is_ps:
             self._mine[0], self._mine[1] = step * W, step
-            self._mine[2:] = step
+            self._mine[2:2 + W] = step
             self._win.sync()
         self.step = step
         self.ctx.world.Barrier()
@@ -146,7 +147,17 @@ class StepControl:
         """Worker: wait until every PS applied all pushes of steps ``< step`` (all workers' ``end`` called). Local."""
         self._wait_applied(step)
 
+    def ps_asked_to_stop(self) -> bool:
+        """Worker: whether some PS rank was asked to stop (:meth:`note_stop`). Local (one-sided)."""
+        return any(int(self._read(rank, 2 + self.ctx.num_workers)[0]) for rank in self.ctx.ps_world_ranks)
+
     # ------------------------------------------------------------ PS side
+    def note_stop(self) -> None:
+        """PS: record that this rank was asked to stop (a signal), for the workers to see. Local."""
+        if not self._mine[2 + self.ctx.num_workers]:
+            self._mine[2 + self.ctx.num_workers] = 1
+            self._win.sync()
+
     def bell(self) -> int:
         """PS that sleeps on ``bell_word``: its value now, to read before looking for work and
         give to ``_wait.pause`` (0 on other ranks). Local."""

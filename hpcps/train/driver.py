@@ -34,7 +34,8 @@ def train(cfg: Config) -> dict | None:
     """Run the job a config describes. Collective over ``MPI.COMM_WORLD``.
 
     Returns the final summary on every rank (``hpcps train`` prints it on rank 0);
-    ``summary["stopped"]`` is True when a stop request ended the job after a checkpoint.
+    ``summary["stopped"]`` is True when a stop request ended the job, ``summary["saved"]`` when
+    it took a checkpoint first.
     """
     world = MPI.COMM_WORLD
     summary = None
@@ -50,6 +51,8 @@ def train(cfg: Config) -> dict | None:
         pipe = pipeline_switches(cfg, ctx)
         tables = make_tables(cfg, ctx, data, steps, pipe)
         stop = StopRequest(cfg.checkpoint.dir)
+        if ctx.is_ps:                                  # a signal to a PS alone: the workers see it
+            ctx.add_service_hook(lambda: stop.flag and ctx.control.note_stop())
         ckpt = open_checkpointer(cfg, ctx, tables)
         resume_from = find_resume(cfg, world)
         start, t_restore = 0, time.perf_counter()

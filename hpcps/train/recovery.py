@@ -2,9 +2,11 @@
 take one (``every_steps``, ``every_seconds``, a stop request)."""
 
 import logging
+import stat
 import time
 from pathlib import Path
 
+import numpy as np
 from mpi4py import MPI
 
 from .. import checkpoint as ckpt_mod
@@ -25,6 +27,10 @@ def open_checkpointer(cfg: Config, ctx, tables):
     file_mode = parse_permissions(c.file_mode, "checkpoint.file_mode")
     if ctx.world.Get_rank() == 0:
         Path(c.dir).mkdir(mode=dir_mode, parents=True, exist_ok=True)
+        mode = Path(c.dir).stat().st_mode
+        if mode & stat.S_IWOTH and not mode & stat.S_ISVTX:
+            logger.warning("hpcps: checkpoint.dir %s is writable by every user (mode %o): another user could "
+                           "replace or plant checkpoints there; chmod o-w it", c.dir, stat.S_IMODE(mode))
     ckpt = ckpt_mod.Checkpointer(ctx, tables, c.dir, c.keep, c.compression, {"config": cfg.to_dict()},
                                  full_every=c.full_every, dir_mode=dir_mode, file_mode=file_mode)
     ctx.add_resource(ckpt)
@@ -50,26 +56,46 @@ def find_resume(cfg: Config, world: MPI.Comm):
 
 
 class CheckpointTrigger:
-    """When the workers take checkpoints: after a step, every ``checkpoint.every_steps`` steps,
-    when worker 0 saw ``checkpoint.every_seconds`` pass, or on a stop request; the decision is
-    agreed over the worker communicator. Local to a worker, its calls collective over the workers."""
+    """When the workers take checkpoints and stop: after a step, every ``checkpoint.every_steps``
+    steps, when worker 0 saw ``checkpoint.every_seconds`` pass, or on a stop request (a signal to
+    any worker or PS rank, or a ``STOP`` file). Every decision is agreed over the worker
+    communicator from values all workers share (the step and an all-reduce of the flags), never
+    from one rank's timing. Without a checkpoint directory a stop request is looked at every
+    ``STOP_EVERY`` steps and ends the job without saving. Local to a worker, its calls collective
+    over the workers."""
 
-    def __init__(self, cfg: Config, ckpt, stop, comm: MPI.Comm, lead: bool, start: int):
+    STOP_EVERY = 10
+
+    def __init__(self, cfg: Config, ckpt, stop, comm: MPI.Comm, lead: bool, start: int, control=None):
         self.c, self.ckpt, self.stop, self.comm, self.lead = cfg.checkpoint, ckpt, stop, comm, lead
+        self.control = control          # the step protocol, for a stop asked of a PS rank
         self.last_time, self.last_step, self.stopped = time.time(), start, False
+        self._flags = np.zeros(2, np.int64)
+
+    def _agree(self, timed: bool) -> np.ndarray:
+        """``[stop asked, time for a checkpoint]``, the same on every worker. Collective over the workers."""
+        asked = self.stop.requested() or (self.lead and self.control is not None and self.control.ps_asked_to_stop())
+        self._flags[:] = (int(asked), int(timed))
+        self.comm.Allreduce(MPI.IN_PLACE, self._flags, op=MPI.MAX)
+        return self._flags
 
     def after_step(self, step: int, steps: int, model, opt, log) -> bool:
         """After step ``step`` (0-based) of ``steps``: checkpoint if due; True when a stop request
-        ended training (the checkpoint committed). Collective over the worker communicator."""
+        ends training (its checkpoint committed, if there is a checkpoint directory). Collective
+        over the worker communicator."""
         ckpt, c = self.ckpt, self.c
-        if ckpt is None:
+        if step + 1 >= steps:
             return False
+        if ckpt is None:
+            if (step + 1) % self.STOP_EVERY == 0 and self._agree(False)[0]:
+                logger.warning("hpcps: stop requested: stopping after step %d without a checkpoint "
+                               "(no checkpoint.dir: nothing is saved)", step + 1)
+                self.stopped = True
+            return self.stopped
         ckpt.poll_commit()
         due = bool(c.every_steps) and (step + 1) % c.every_steps == 0
-        flags = [int(self.stop.requested()), int(self.lead and c.every_seconds > 0
-                                                 and time.time() - self.last_time >= c.every_seconds)]
-        flags = self.comm.allreduce(flags if step + 1 < steps else [0, 0], op=MPI.MAX)
-        if (due or any(flags)) and step + 1 < steps:
+        flags = self._agree(self.lead and c.every_seconds > 0 and time.time() - self.last_time >= c.every_seconds)
+        if due or flags.any():
             ckpt.checkpoint(step + 1, model, opt)
             self.last_time, self.last_step = time.time(), step + 1
             log.write({"checkpoint": step + 1, "stall_s": ckpt.stall_seconds[-1]})

@@ -81,7 +81,7 @@ class Worker:
             ckpt_mod.restore_dense(resume_from, self.model, self.opt, ctx.worker_rank)
             for g, lr in zip(self.opt.param_groups, self.base_lrs):
                 g["lr"] = lr
-        self.trigger = CheckpointTrigger(cfg, ckpt, stop, self.comm, self.lead, start)
+        self.trigger = CheckpointTrigger(cfg, ckpt, stop, self.comm, self.lead, start, ctx.control)
         self.log = MetricsLog(cfg.metrics.path if self.lead else "")
         self.bar = None
         if self.lead and cfg.metrics.progress:
@@ -252,6 +252,7 @@ class Worker:
         flat = [s for part in all_stale for s in part]
         ran = done_steps - self.start
         return {**result, "steps": done_steps, "start_step": self.start, "stopped": self.trigger.stopped,
+                "saved": self.trigger.stopped and self.trigger.ckpt is not None,
                 **self.trigger.summary(),
                 "samples_per_s": ran * self.cfg.data.batch_size / max(elapsed, 1e-9),
                 "elapsed_s": elapsed, "num_ps": ctx.num_ps, "num_workers": self.W, "mode": ctx.mode,

@@ -1,0 +1,79 @@
+"""Failures that must end a job, never hang it: an error on some ranks only, an error on a PS
+rank, a stop request without a checkpoint directory, a stop asked of a PS rank alone. Every
+launch under an outer timeout (tests/mpirun.py kills what is left)."""
+
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from mpirun import ROOT, launch_mpi, rank_pid, reap, run_mpi
+
+TINY = ROOT / "tests" / "configs" / "tiny_ctr.toml"
+QUIET = ["metrics.progress=false", "metrics.path="]
+
+
+def _train_argv(sets):
+    return ["-m", "hpcps", "train", "--config", TINY, "--set", *QUIET, *sets]
+
+
+def _final(stdout):
+    return [json.loads(line) for line in stdout.splitlines() if line.startswith('{"final"')][-1]["final"]
+
+
+@pytest.mark.parametrize("sets", [
+    ["optimizer.sparse.name=sgd", "optimizer.sparse.lr=1e12", "job.steps=30"],      # sparse rows diverge
+    ["optimizer.dense.name=sgd", "optimizer.dense.lr=1e6", "job.steps=30"],        # dense layers diverge
+])
+def test_an_error_on_some_ranks_ends_the_job_with_its_message(sets):
+    """NaN gradients are rejected by the push check on the worker that has them: the job must end
+    (it hung in a barrier while the PS served), naming the rank and the problem."""
+    t0 = time.time()
+    r = run_mpi(3, _train_argv(sets), timeout=120, check=False)
+    assert r.returncode not in (0, None), r.stdout
+    assert "hpcps: error on world rank" in r.stderr and ("finite" in r.stderr or "NaN" in r.stderr), r.stderr[-3000:]
+    assert time.time() - t0 < 110
+
+
+def test_an_error_on_a_ps_rank_alone_is_reported_by_that_rank(tmp_path):
+    ck = tmp_path / "ck"
+    run_mpi(3, _train_argv([f"checkpoint.dir={ck}", "job.steps=6"]), timeout=120)
+    # resuming with another sparse optimizer: only the PS ranks read the shard files
+    r = run_mpi(3, _train_argv([f"checkpoint.dir={ck}", "job.steps=12", "optimizer.sparse.name=adam"]),
+                timeout=120, check=False)
+    assert r.returncode != 0
+    assert "hpcps: error on world rank 2" in r.stderr and "lacks optimizer state" in r.stderr, r.stderr[-3000:]
+
+
+def _start(tag, sets):
+    proc = launch_mpi(3, _train_argv(["job.steps=400", "job.step_delay=0.02", "metrics.path=", *sets]), tag=tag)
+    deadline = time.time() + 60
+    while time.time() < deadline and not all(rank_pid(tag, r) for r in range(3)):
+        time.sleep(0.2)
+    time.sleep(4)                                   # training under way
+    return proc
+
+
+def test_sigterm_without_a_checkpoint_dir_stops_and_says_so():
+    tag = f"nockpt-{os.getpid()}"
+    proc = _start(tag, [])
+    for rank in range(3):
+        os.kill(rank_pid(tag, rank), signal.SIGTERM)
+    code, out, err = reap(proc, timeout=90)
+    assert code == 86, err[-2000:]
+    f = _final(out)
+    assert f["stopped"] and not f["saved"] and f["steps"] < 400
+    assert "without a checkpoint" in err
+
+
+def test_sigterm_to_the_ps_alone_checkpoints_and_stops(tmp_path):
+    tag = f"psonly-{os.getpid()}"
+    ck = tmp_path / "ck"
+    proc = _start(tag, [f"checkpoint.dir={ck}"])
+    os.kill(rank_pid(tag, 2), signal.SIGTERM)       # world rank 2 is the PS (highest rank of the node)
+    code, out, err = reap(proc, timeout=90)
+    assert code == 85, err[-2000:]
+    f = _final(out)
+    assert f["stopped"] and f["saved"] and f["checkpoints"][-1] == f["steps"] < 400
