@@ -173,11 +173,17 @@ def config_keys() -> dict:
 
 
 def _coerce(key, value, default, source):
+    """``value`` as the type of ``default``. Text is converted only where every value is text
+    (environment, ``--set``): in a TOML file a number or list written as a string is an error,
+    as is Python's ``1_000`` or a float where an integer belongs. Local."""
     kind = type(default)
     where = f"config: {key} = {value!r} ({source})"
-    if isinstance(value, str) and kind is not str:
+    from_text = not source.startswith("file ")
+    if isinstance(value, str) and kind is not str and from_text:
         text = value.strip()
         try:
+            if "_" in text:
+                raise ValueError
             if kind is bool:
                 low = text.lower()
                 if low not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
@@ -199,7 +205,9 @@ def _coerce(key, value, default, source):
     if kind is str and isinstance(value, bool):          # a switch written as a TOML boolean
         return "on" if value else "off"
     if type(value) is not kind:
-        raise ValueError(f"{where}: expected {kind.__name__}, got {type(value).__name__}")
+        got = "a string" if isinstance(value, str) else type(value).__name__
+        raise ValueError(f"{where}: expected {kind.__name__}, got {got}"
+                         + (" (write it without quotes)" if isinstance(value, str) else ""))
     return value
 
 
@@ -363,6 +371,11 @@ def validate(cfg: Config) -> None:
     _check(pl.push_dtype in ROW_DTYPES, "pipeline.push_dtype", pl.push_dtype, f"must be one of {', '.join(ROW_DTYPES)}")
     c = cfg.checkpoint
     _check(c.every_steps >= 0 and c.every_seconds >= 0, "checkpoint.every_steps", c.every_steps, "must be >= 0")
+    for key in ("every_steps", "every_seconds", "full_every"):
+        _check(bool(c.dir) or getattr(c, key) == CheckpointConfig().__dict__[key], f"checkpoint.{key}",
+               getattr(c, key), "needs checkpoint.dir (where would the checkpoints go?)")
+    _check(not c.dir or not Path(c.dir).exists() or Path(c.dir).is_dir(), "checkpoint.dir", c.dir,
+           "is a file, not a directory")
     _check(c.keep >= 0, "checkpoint.keep", c.keep, "must be >= 0")
     _check(c.full_every >= 1, "checkpoint.full_every", c.full_every, "must be >= 1")
     _check(c.compression in ("", "gzip", "lzf"), "checkpoint.compression", c.compression, "must be '', gzip or lzf")

@@ -178,3 +178,23 @@ def test_export_refuses_an_output_inside_a_checkpoint(tmp_path):
         with pytest.raises(ValueError, match="inside checkpoint"):
             tools.export(p, out)
     assert (p / "ps-00000.h5").read_bytes() == before
+
+
+@pytest.mark.parametrize("field,value", [("files", [1, 2]), ("files", {"ps-00000.h5": 3}), ("step", "10"),
+                                         ("num_ps", None), ("tables", {}),
+                                         ("files", {"../../etc/passwd": {"bytes": 1, "sha256": "x"}})])
+def test_manifest_fields_of_the_wrong_type_fail_verification_with_a_reason(tmp_path, field, value):
+    p = _make(tmp_path, 10)
+    man = json.loads((p / "manifest.json").read_text())
+    man[field] = value
+    (p / "manifest.json").write_text(json.dumps(man))
+    ok, why = store.verify(p)
+    assert not ok and ("manifest" in why), why
+
+
+def test_inspect_verifies_what_it_shows(tmp_path, capsys):
+    from hpcps.checkpoint import tools
+    p = _make(tmp_path, 10)
+    (p / "ps-00000.h5").write_bytes(b"a foreign file of another size")
+    assert tools.inspect(p) == 1
+    assert "does not verify" in capsys.readouterr().out

@@ -128,3 +128,32 @@ def test_former_environment_only_settings_are_keys_with_their_old_names():
             c.model.nccl_host) == ("sleep", "get", "multiple", False, 0.25, 4, "10.1.2.3")
     c = load_config(None, ["job.wait=yield"], environ=env)            # --set wins over the environment
     assert c.job.wait == "yield"
+
+
+@pytest.mark.parametrize("toml,msg", [
+    ('[job]\nsteps = "10"\n', "job.steps = '10' .*expected int, got a string .write it without quotes"),
+    ('[model]\nbottom_mlp = "64"\n', "model.bottom_mlp = '64'.*expected list"),
+    ('[data]\nbatch_size = 12.5\n', "data.batch_size = 12.5.*expected int, got float"),
+])
+def test_toml_values_of_the_wrong_type_are_refused_not_converted(tmp_path, toml, msg):
+    f = tmp_path / "c.toml"
+    f.write_text(toml)
+    with pytest.raises(ValueError, match=msg):
+        load_config(f, environ={})
+
+
+@pytest.mark.parametrize("sets,msg", [
+    (["model.dim=1_000"], "model.dim = '1_000'.*expected int"),
+    (["checkpoint.every_steps=10"], "checkpoint.every_steps = 10: needs checkpoint.dir"),
+    (["checkpoint.every_seconds=60"], "checkpoint.every_seconds = 60.0: needs checkpoint.dir"),
+])
+def test_settings_that_would_be_silently_odd_are_refused(sets, msg):
+    with pytest.raises(ValueError, match=msg):
+        load_config(None, sets, environ={})
+
+
+def test_checkpoint_dir_that_is_a_file_is_refused(tmp_path):
+    f = tmp_path / "ck"
+    f.write_text("")
+    with pytest.raises(ValueError, match="checkpoint.dir = .*is a file, not a directory"):
+        load_config(None, [f"checkpoint.dir={f}"], environ={})

@@ -52,7 +52,9 @@ def test_criteo_line_parsing_pads_and_validates():
     assert label == 1 and ints[:3] == [5, 0, -3] and len(ints) == 13 and len(cats) == 26
     assert cats[0] == 0x68FD1E64
     for bad, msg in [("2\t1", "label must be 0 or 1"), ("0\tx", "I1 is not an integer"),
-                     ("0" + "\t1" * 13 + "\tzz", "C1 is not hex"), ("0" + "\t" * 45, "expected 40")]:
+                     ("0" + "\t1" * 13 + "\tzz", "C1 is not a hex value"), ("0" + "\t" * 45, "expected 40"),
+                     ("0" + "\t1" * 13 + "\t" + "f" * 32, "at most 64 bits"),         # was an OverflowError
+                     ("0" + "\t1" * 13 + "\t-ff", "C1 is not a hex value"), ("0" + "\t1" * 13 + "\tf_f", "hex")]:
         with pytest.raises(ValueError, match=msg):
             parse_criteo(bad)
 
@@ -165,3 +167,14 @@ def test_synthetic_without_tables_of_cdf_or_weights_still_slices_alike(monkeypat
     fast = _synth(1, 0, batch_size=300).train_batch(2)     # the table path: same planted weights
     ref = syn.initial_rows(1, "planted/0", fast.sparse[0], 1, scale=1.0)[:, 0]
     np.testing.assert_array_equal(_synth(1, 0, batch_size=300)._planted[0][fast.sparse[0]], ref)
+
+
+def test_criteo_values_over_64_bits_name_file_and_line_or_are_skipped(tmp_path):
+    good = "1" + "\t1" * 13 + "\t68fd1e64" * 26
+    f = tmp_path / "c.txt"
+    f.write_text("\n".join([good] * 5 + ["0" + "\t1" * 13 + "\t" + "f" * 32] + [good] * 4) + "\n")
+    sets = ["data.format=criteo", f"data.path={f}", "data.batch_size=2", "job.steps=1"]
+    with pytest.raises(BadLine, match=rf"{f.name}:6: categorical feature C1 is not a hex value of at most 64 bits"):
+        make_data(load_config(None, sets, environ={}).data, 0, 1, 0)
+    d = make_data(load_config(None, sets + ["data.skip_bad_lines=true"], environ={}).data, 0, 1, 0)
+    assert d.stats["skipped_lines"] == 1

@@ -77,3 +77,30 @@ def test_sigterm_to_the_ps_alone_checkpoints_and_stops(tmp_path):
     assert code == 85, err[-2000:]
     f = _final(out)
     assert f["stopped"] and f["saved"] and f["checkpoints"][-1] == f["steps"] < 400
+
+
+def test_a_batch_smaller_than_the_workers_is_refused_at_start():
+    r = run_mpi(4, _train_argv(["data.batch_size=2"]), timeout=60, check=False)
+    assert r.returncode == 2 and "data.batch_size = 2: smaller than the 3 workers" in r.stderr, r.stderr[-2000:]
+
+
+def test_resuming_with_another_dense_model_names_the_layers(tmp_path):
+    ck = tmp_path / "ck"
+    run_mpi(3, _train_argv([f"checkpoint.dir={ck}", "job.steps=4"]), timeout=120)
+    r = run_mpi(3, _train_argv([f"checkpoint.dir={ck}", "job.steps=8", "model.bottom_mlp=[16]"]), timeout=120,
+                check=False)
+    assert r.returncode != 0 and "the dense model differs" in r.stderr and "[16, 4]" in r.stderr, r.stderr[-2000:]
+
+
+def test_a_read_only_checkpoint_dir_is_refused_before_training(tmp_path):
+    import subprocess
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(ck)]).returncode != 0:
+        pytest.fail("could not mount a read-only tmpfs (the tests run as root)")
+    try:
+        r = run_mpi(3, _train_argv([f"checkpoint.dir={ck}", "job.steps=200"]), timeout=120, check=False)
+        assert r.returncode != 0 and "is not writable" in r.stderr, r.stderr[-2000:]
+        assert '{"final"' not in r.stdout                 # it stopped before training, not after
+    finally:
+        subprocess.run(["umount", "-l", str(ck)], check=False)

@@ -224,10 +224,12 @@ def _sources(path, specs: dict, t) -> list:
     restores with ``model.fuse_tables`` either way)."""
     spec = specs.get(t.name)
     if spec is not None:
-        if spec["num_rows"] != t.num_rows or spec["dim"] != t.dim or \
-                [list(x) for x in (spec.get("segments") or ())] != [list(x) for x in (t.segments or ())]:
-            raise ValueError(f"checkpoint {path} has table {t.name!r} as {spec}, the job has "
-                             f"{t.num_rows} x {t.dim}" + (f" in segments {list(t.segments)}" if t.segments else ""))
+        job = {"num_rows": t.num_rows, "dim": t.dim, "segments": [list(x) for x in (t.segments or ())]}
+        theirs = {"num_rows": spec.get("num_rows"), "dim": spec.get("dim"),
+                  "segments": [list(x) for x in (spec.get("segments") or ())]}
+        diff = [f"{k} {theirs[k]} in the checkpoint, {job[k]} in the job" for k in job if theirs[k] != job[k]]
+        if diff:
+            raise ValueError(f"checkpoint {path}, table {t.name!r}: " + "; ".join(diff))
         return [(t.name, 0, t.num_rows, 0)]
     where = {name: (s, first, n) for s in specs.values()
              for name, first, n in logical_tables(s["name"], s["num_rows"], s.get("segments"))}
@@ -277,6 +279,14 @@ def restore_dense(path, model, optimizer, rank: int | None = None) -> None:
     resumed at step ``t`` (with any number of workers) reads exactly the samples not yet seen."""
     import torch
     model_arrays, osd, extra = read_dense(Path(path) / "dense.h5")
+    mine = model.state_dict()
+    diff = [f"{k}: {list(np.shape(v))} in the checkpoint, {list(mine[k].shape)} in the job"
+            for k, v in model_arrays.items() if k in mine and tuple(np.shape(v)) != tuple(mine[k].shape)]
+    diff += [f"{k}: only in the checkpoint" for k in model_arrays if k not in mine]
+    diff += [f"{k}: only in the job" for k in mine if k not in model_arrays]
+    if diff:
+        raise ValueError(f"checkpoint {path}: the dense model differs (model.bottom_mlp, model.top_mlp, "
+                         f"model.dim?): " + "; ".join(diff[:6]) + (f"; and {len(diff) - 6} more" if len(diff) > 6 else ""))
     model.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in model_arrays.items()}, strict=True)
     state = {i: {k: torch.from_numpy(np.asarray(v)) if isinstance(v, np.ndarray) else v for k, v in st.items()}
              for i, st in osd["state"].items()}

@@ -83,7 +83,13 @@ def verify(path) -> tuple[bool, str]:
         man = read_manifest(path)
     except (OSError, ValueError) as e:
         return False, f"{path.name}: manifest unreadable ({e})"
-    for name, meta in man.get("files", {}).items():
+    files = man.get("files")
+    if not isinstance(files, dict) or not all(isinstance(m, dict) and isinstance(m.get("bytes"), int)
+                                              and isinstance(m.get("sha256"), str) for m in files.values()):
+        return False, f"{path.name}: the manifest's files are not {{name: {{bytes, sha256}}}}"
+    for name, meta in files.items():
+        if "/" in name or name in ("", ".", ".."):
+            return False, f"{path.name}: the manifest names a file outside the checkpoint: {name!r}"
         f = path / name
         try:
             size = f.stat().st_size
@@ -93,8 +99,11 @@ def verify(path) -> tuple[bool, str]:
             return False, f"{path.name}: {name} has {size} bytes, the manifest says {meta['bytes']} (truncated?)"
         if sha256(f) != meta["sha256"]:
             return False, f"{path.name}: {name} fails its SHA-256 check (corrupted)"
-    if not man.get("files"):
+    if not files:
         return False, f"{path.name}: the manifest lists no files"
+    for key, kind in (("step", int), ("num_ps", int), ("num_workers", int), ("tables", list)):
+        if not isinstance(man.get(key), kind) or isinstance(man.get(key), bool):
+            return False, f"{path.name}: the manifest's {key} is {man.get(key)!r}, not a {kind.__name__}"
     return True, "ok"
 
 

@@ -60,6 +60,10 @@ def verify_cmd(path) -> int:
 
 def inspect(path) -> int:
     p = _pick(path)
+    ok, why = store.verify_chain(p)
+    if not ok:
+        print(f"hpcps: {p} does not verify: {why}")
+        return 1
     man = store.read_manifest(p)
     out = {"path": str(p), "step": man["step"], "kind": man.get("kind", "full"), "base": man.get("base"),
            "num_ps": man["num_ps"], "num_workers": man["num_workers"],

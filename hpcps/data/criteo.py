@@ -7,6 +7,8 @@ categorical features are hex strings (or empty) hashed into each table's
 rows: ``splitmix64(value ^ column key) % rows``.
 """
 
+import re
+
 import numpy as np
 
 from ..core.ids import splitmix64
@@ -16,6 +18,7 @@ __all__ = ["parse_criteo", "load_criteo", "NUM_INT", "NUM_CAT"]
 
 NUM_INT, NUM_CAT = 13, 26
 _EMPTY = 0xFFFF_FFFF_FFFF  # the hash input of an empty categorical field
+_HEX = re.compile(r"[0-9a-fA-F]{1,16}")
 
 
 def parse_criteo(line: str):
@@ -34,10 +37,10 @@ def parse_criteo(line: str):
             raise ValueError(f"integer feature I{k + 1} is not an integer: {x!r}") from None
     cats = []
     for k, x in enumerate(f[1 + NUM_INT:]):
-        try:
-            cats.append(int(x, 16) if x else _EMPTY)
-        except ValueError:
-            raise ValueError(f"categorical feature C{k + 1} is not hex: {x!r}") from None
+        if x and not _HEX.fullmatch(x):
+            raise ValueError(f"categorical feature C{k + 1} is not a hex value of at most 64 bits "
+                             f"(1-16 hex digits): {x[:40]!r}")
+        cats.append(int(x, 16) if x else _EMPTY)
     return int(f[0]), ints, cats
 
 

@@ -42,6 +42,10 @@ def train(cfg: Config) -> dict | None:
     if cfg.model.device == "cuda" and not torch.cuda.is_available():      # checked alike on every rank
         raise ValueError("config: model.device = 'cuda' but torch sees no GPU")
     j = cfg.job
+    workers = world.Get_size() - j.num_ps            # checked alike on every rank, before any communication
+    if 0 < workers and cfg.data.batch_size < workers:
+        raise ValueError(f"config: data.batch_size = {cfg.data.batch_size}: smaller than the {workers} workers "
+                         f"(each worker takes a slice of the global batch): use at least {workers}")
     with init(num_ps=j.num_ps, transport=j.transport, mode=j.mode, wait=j.wait, rma_read=j.rma_read,
               world_size=j.world_size or None) as ctx:
         # torch's default (every CPU, per rank) oversubscribes a node that runs several ranks

@@ -2,6 +2,7 @@
 take one (``every_steps``, ``every_seconds``, a stop request)."""
 
 import logging
+import os
 import stat
 import time
 from pathlib import Path
@@ -27,6 +28,7 @@ def open_checkpointer(cfg: Config, ctx, tables):
     file_mode = parse_permissions(c.file_mode, "checkpoint.file_mode")
     if ctx.world.Get_rank() == 0:
         Path(c.dir).mkdir(mode=dir_mode, parents=True, exist_ok=True)
+        _check_writable(Path(c.dir))
         mode = Path(c.dir).stat().st_mode
         if mode & stat.S_IWOTH and not mode & stat.S_ISVTX:
             logger.warning("hpcps: checkpoint.dir %s is writable by every user (mode %o): another user could "
@@ -35,6 +37,18 @@ def open_checkpointer(cfg: Config, ctx, tables):
                                  full_every=c.full_every, dir_mode=dir_mode, file_mode=file_mode)
     ctx.add_resource(ckpt)
     return ckpt
+
+
+def _check_writable(root: Path) -> None:
+    """Raise ``OSError`` naming ``root`` unless a file can be made there: before training, not at the
+    first checkpoint."""
+    probe = root / f".hpcps-write-test-{os.getpid()}"
+    try:
+        probe.touch()
+        probe.unlink()
+    except OSError as e:
+        raise OSError(e.errno, f"checkpoint.dir {root} is not writable ({e.strerror}): checkpoints could not be "
+                               f"saved") from None
 
 
 def find_resume(cfg: Config, world: MPI.Comm):
