@@ -198,3 +198,30 @@ def test_inspect_verifies_what_it_shows(tmp_path, capsys):
     (p / "ps-00000.h5").write_bytes(b"a foreign file of another size")
     assert tools.inspect(p) == 1
     assert "does not verify" in capsys.readouterr().out
+
+
+def test_resume_auto_refuses_when_every_checkpoint_fails_and_keeps_them(tmp_path):
+    for step in (10, 20):
+        p = _make(tmp_path, step)
+        (p / "dense.h5").write_bytes(b"flipped")
+    with pytest.raises(ValueError, match="no checkpoint in .* verifies .*step-000000020.*checkpoint.resume=none"):
+        store.resolve("auto", tmp_path)
+    assert store.resolve("none", tmp_path) is None
+    assert [p.name for p in store.list_checkpoints(tmp_path)] == ["step-000000010", "step-000000020"]
+
+
+def test_prune_deletes_only_what_it_may_and_a_same_step_commit_keeps_the_old_aside(tmp_path):
+    for step in (10, 20):
+        _make(tmp_path, step)
+    tmp = store.tmp_dir(tmp_path, 30)
+    tmp.mkdir()
+    (tmp / "dense.h5").write_bytes(b"new")
+    store.commit(tmp_path, 30, {"step": 30, "num_ps": 1, "num_workers": 1, "tables": []}, keep=1,
+                 prunable=lambda name: name == "step-000000010")
+    assert [p.name for p in store.list_checkpoints(tmp_path)] == ["step-000000020", "step-000000030"]
+    tmp = store.tmp_dir(tmp_path, 20)                       # a fresh run reaches step 20 again
+    tmp.mkdir()
+    (tmp / "dense.h5").write_bytes(b"again")
+    store.commit(tmp_path, 20, {"step": 20, "num_ps": 1, "num_workers": 1, "tables": []}, keep=0)
+    aside = list(tmp_path.glob("step-000000020.replaced-*"))
+    assert len(aside) == 1 and (aside[0] / "ps-00000.h5").exists()

@@ -64,6 +64,7 @@ class Checkpointer:
         self.timings = []             # worker 0: {"step", "kind", "bytes", "stall_s", "write_s"} per commit
         self._started = {}            # worker 0: step -> time of its request
         self.committed = []           # worker 0: committed steps
+        self.resumed_step = None      # the step this run resumed from: older checkpoints of earlier runs may be pruned
         self.is_lead = ctx.is_worker and ctx.worker_rank == 0
         ctx.world.Barrier()
 
@@ -181,7 +182,7 @@ class Checkpointer:
                                for t in self.tables],
                     "sharding": _sharding_names(self.tables), "host": platform.node(),
                     "versions": _versions()}
-        final = store.commit(self.root, step, manifest, self.keep, self.file_mode)
+        final = store.commit(self.root, step, manifest, self.keep, self.file_mode, prunable=self._prunable)
         self.committed.append(step)
         nbytes = sum(f["bytes"] for f in store.read_manifest(final)["files"].values())
         self.timings.append({"step": step, "kind": kind, "bytes": nbytes, "stall_s": self.stall_seconds[-1],
@@ -194,6 +195,13 @@ class Checkpointer:
         self._pending = None
         logger.info("checkpoint step %d committed", step)
         return True
+
+    def _prunable(self, name: str) -> bool:
+        """Whether pruning may delete checkpoint ``name``: one this run wrote, or one of an earlier run
+        older than the checkpoint this run resumed from (superseded by a verified one); never
+        another run's checkpoint this run did not build on."""
+        step = int(name.split("-")[1])
+        return step in self.committed or (self.resumed_step is not None and step < self.resumed_step)
 
     def wait_commit(self) -> None:
         """Worker 0 blocks until the checkpoint in flight is committed. Local."""

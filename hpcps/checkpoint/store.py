@@ -158,7 +158,17 @@ def resolve(spec: str, root) -> Path | None:
     if spec == "none":
         return None
     if spec == "auto":
-        return newest_verified(root) if root else None
+        if not root:
+            return None
+        failed = []
+        found = newest_verified(root, report=failed.append)
+        if found is None and failed:
+            raise ValueError(f"no checkpoint in {root} verifies ({'; '.join(f.removeprefix('hpcps: skipping checkpoint ') for f in failed)}): "
+                             f"not starting over from step 0 over them; set checkpoint.resume=none to start a "
+                             f"fresh run (they are kept), or checkpoint.resume=PATH")
+        for why in failed:
+            logger.warning(why)
+        return found
     p = Path(spec)
     if (p / MANIFEST).exists():
         ok, why = verify_chain(p)
@@ -194,10 +204,12 @@ def inside_checkpoint(path, root=None) -> Path | None:
     return None
 
 
-def commit(root, step: int, manifest: dict, keep: int, file_mode: int = FILE_MODE) -> Path:
+def commit(root, step: int, manifest: dict, keep: int, file_mode: int = FILE_MODE, prunable=None) -> Path:
     """Checksum the files of ``tmp_dir(root, step)``, write the manifest, fsync, rename into
-    place, move ``latest``, then prune to the newest ``keep`` (0 = keep all). Local: one rank
-    calls it once every file is written."""
+    place, move ``latest``, then prune to the newest ``keep`` (0 = keep all), deleting only
+    checkpoints ``prunable(name)`` allows (default: any). A checkpoint already at this step is
+    moved aside (``step-N.replaced-<time>``), never deleted. Local: one rank calls it once every
+    file is written."""
     tmp, final = tmp_dir(root, step), step_dir(root, step)
     files = {}
     for f in sorted(tmp.iterdir()):
@@ -219,14 +231,11 @@ def commit(root, step: int, manifest: dict, keep: int, file_mode: int = FILE_MOD
         os.fsync(f.fileno())
     os.chmod(man, file_mode)
     fsync_path(tmp)
-    replaced = None
-    if final.exists():                       # a re-run reached the same step: replace it whole
-        replaced = final.with_name(final.name + ".del")
-        shutil.rmtree(replaced, ignore_errors=True)
-        os.rename(final, replaced)
+    if final.exists():                       # another run's checkpoint at this step: kept aside, not lost
+        aside = final.with_name(f"{final.name}.replaced-{int(time.time())}")
+        os.rename(final, aside)
+        logger.warning("hpcps: %s existed (another run's): moved to %s", final, aside.name)
     os.rename(tmp, final)
-    if replaced is not None:
-        shutil.rmtree(replaced, ignore_errors=True)
     fsync_path(root)
     _write_new(Path(root) / "latest.tmp", final.name + "\n", file_mode)
     os.replace(Path(root) / "latest.tmp", Path(root) / "latest")
@@ -240,7 +249,7 @@ def commit(root, step: int, manifest: dict, keep: int, file_mode: int = FILE_MOD
             except (OSError, ValueError):
                 needed.add(k.name)
         for old in list_checkpoints(root):
-            if old.name not in needed:
+            if old.name not in needed and (prunable is None or prunable(old.name)):
                 # renamed out of the checkpoint namespace first: a kill during the delete leaves
                 # a ``.del`` directory (removed next time), never a half-deleted checkpoint
                 gone = old.with_name(old.name + ".del")

@@ -62,6 +62,8 @@ def train(cfg: Config) -> dict | None:
         start, t_restore = 0, time.perf_counter()
         if resume_from is not None:
             start = ckpt_mod.restore_tables(resume_from, ctx, tables)
+            if ckpt is not None:
+                ckpt.resumed_step = start
             if world.Get_rank() == 0:
                 logger.warning("hpcps: resuming from %s (step %d)", resume_from, start)
         ctx.control.set_start(start)                   # a barrier: every PS has its rows
