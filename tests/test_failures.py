@@ -33,7 +33,8 @@ def test_an_error_on_some_ranks_ends_the_job_with_its_message(sets):
     t0 = time.time()
     r = run_mpi(3, _train_argv(sets), timeout=120, check=False)
     assert r.returncode not in (0, None), r.stdout
-    assert "hpcps: error on world rank" in r.stderr and ("finite" in r.stderr or "NaN" in r.stderr), r.stderr[-3000:]
+    assert "hpcps: error on world rank" in r.stderr, r.stderr[-3000:]
+    assert any(w in r.stderr for w in ("finite", "NaN", "inf", "overflows")), r.stderr[-3000:]
     assert time.time() - t0 < 110
 
 
@@ -104,3 +105,51 @@ def test_a_read_only_checkpoint_dir_is_refused_before_training(tmp_path):
         assert '{"final"' not in r.stdout                 # it stopped before training, not after
     finally:
         subprocess.run(["umount", "-l", str(ck)], check=False)
+
+
+_INF_ROWS = """
+import numpy as np, hpcps
+hpcps.prepare_process()
+opt = hpcps.optim.SGD(lr=10.0, schedule=hpcps.optim.LRSchedule(warmup_steps=1))    # stateful: the PS applies
+with hpcps.init(num_ps=1, mode="sync") as ctx:
+    t = hpcps.EmbeddingTable(ctx, "w", 10, 2, optimizer=opt)
+    if ctx.is_ps:
+        ctx.serve()
+    else:
+        ctx.step_begin(0)
+        t.push([1, 2], np.full((2, 2), 1e38, np.float32))       # finite gradients; 10 x 1e38 is not
+        ctx.step_end(0)
+        ctx.fence(1)
+        raise SystemExit("the PS applied an update that made rows inf and carried on")
+"""
+
+
+def test_an_optimizer_step_that_makes_rows_inf_stops_the_job_naming_table_and_rows():
+    r = run_mpi(2, ["-c", _INF_ROWS], timeout=60, check=False)
+    assert r.returncode not in (0, None)
+    assert "table 'w': the SGD step of training step 0 made 2 row(s) inf or NaN from finite gradients " \
+           "(global ids [1, 2])" in r.stderr, r.stderr[-3000:]
+
+
+_OVERFLOW = """
+import numpy as np, hpcps
+hpcps.prepare_process()
+with hpcps.init(num_ps=1) as ctx:
+    t = hpcps.EmbeddingTable(ctx, "w", 10, 2, optimizer=hpcps.optim.SGD(lr=10.0))
+    if ctx.is_ps:
+        ctx.serve()
+    else:
+        before = t.pull(np.arange(10))
+        try:
+            t.push([1, 2], np.full((2, 2), 1e38, np.float32))
+            raise SystemExit("an overflowing push was accepted")
+        except ValueError as e:
+            assert "overflows float32" in str(e), e
+        assert (t.pull(np.arange(10)) == before).all()          # nothing was pushed
+        print("OK refused", flush=True)
+"""
+
+
+def test_a_plain_sgd_push_that_would_overflow_is_refused_before_it_lands():
+    r = run_mpi(2, ["-c", _OVERFLOW], timeout=60)
+    assert "OK refused" in r.stdout

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+_F32_MAX = float(np.finfo(np.float32).max)
+
 __all__ = ["LRSchedule", "SparseOptimizer", "SGD", "Adagrad", "Adam", "make_optimizer"]
 
 
@@ -80,8 +82,8 @@ class SparseOptimizer:
     def check(self) -> None:
         """Raise ``ValueError`` naming a bad hyper-parameter. Local."""
         name = type(self).__name__
-        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr >= 0):
-            raise ValueError(f"{name}: lr must be a finite number >= 0, got {self.lr!r}")
+        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and 0 <= self.lr <= _F32_MAX):
+            raise ValueError(f"{name}: lr must be a number in [0, {_F32_MAX:.4g}] (rows are float32), got {self.lr!r}")
         if not (isinstance(self.clip_norm, (int, float)) and self.clip_norm >= 0):
             raise ValueError(f"{name}: clip_norm must be >= 0 (0 = off), got {self.clip_norm!r}")
         self.schedule.check()
@@ -100,10 +102,11 @@ class SparseOptimizer:
             g = g * (self.clip_norm / norms.clamp(min=self.clip_norm))
         return g
 
-    def apply(self, w, state: dict, rows, g, step: int, count: int) -> None:
-        """Update rows ``rows`` of ``w`` with summed gradients ``g`` (torch). ``step`` is the
-        0-based training step (for the schedule), ``count`` the 1-based number of updates
-        applied to this table so far (for bias correction)."""
+    def apply(self, w, state: dict, rows, g, step: int, count: int):
+        """Update rows ``rows`` of ``w`` with summed gradients ``g`` (torch); returns the new rows
+        (a tensor the caller may read, e.g. to check they are finite). ``step`` is the 0-based
+        training step (for the schedule), ``count`` the 1-based number of updates applied to
+        this table so far (for bias correction)."""
         raise NotImplementedError
 
 
@@ -143,7 +146,9 @@ class SGD(SparseOptimizer):
             buf[rows] = b
             state["_seen"][rows] = True
             g = b
-        w[rows] = wr.add_(g, alpha=-self.lr_at(step))
+        new = wr.add_(g, alpha=-self.lr_at(step))
+        w[rows] = new
+        return new
 
 
 @dataclass(frozen=True)
@@ -178,7 +183,9 @@ class Adagrad(SparseOptimizer):
             s = acc.index_select(0, rows).addcmul_(g, g)
             acc.index_copy_(0, rows, s)
             std = s.sqrt_().add_(self.eps)
-        w.index_copy_(0, rows, w.index_select(0, rows).addcdiv_(g, std, value=-self.lr_at(step)))
+        new = w.index_select(0, rows).addcdiv_(g, std, value=-self.lr_at(step))
+        w.index_copy_(0, rows, new)
+        return new
 
 
 @dataclass(frozen=True)
@@ -209,7 +216,9 @@ class Adam(SparseOptimizer):
         m_new, v_new = m_upd.add_(m_old), v_upd.add_(v_old)
         state["exp_avg"][rows], state["exp_avg_sq"][rows] = m_new, v_new
         step_size = self.lr_at(step) * math.sqrt(1 - b2 ** count) / (1 - b1 ** count)
-        w[rows] = w[rows].add_(m_new / v_new.sqrt().add_(self.eps), alpha=-step_size)
+        new = w[rows].add_(m_new / v_new.sqrt().add_(self.eps), alpha=-step_size)
+        w[rows] = new
+        return new
 
 
 _NAMES = {"sgd": SGD, "momentum": SGD, "adagrad": Adagrad, "rowwise_adagrad": Adagrad, "adam": Adam}

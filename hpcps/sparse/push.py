@@ -24,6 +24,8 @@ from .validate import as_grads, as_ids
 
 __all__ = ["PushHandle", "push_many", "push_many_checked", "push_parts"]
 
+_F32_MAX = float(np.finfo(np.float32).max)
+
 
 class PushHandle:
     """Result of :meth:`EmbeddingTable.push_async`. Local."""
@@ -108,6 +110,9 @@ def _prepare(table, p: int, rows_p: np.ndarray, g_p: np.ndarray, distinct: bool 
     (stateful: 1, the PS applies the optimizer; SGD: -lr), and for RMA the summed, scaled
     gradients (one accumulate per row). ``distinct``: the rows are known unique and sorted."""
     alpha = 1.0 if table.stateful else -table.optimizer.lr_at(table.ctx.control.step)
+    if alpha != 1.0 and g_p.size and float(np.abs(g_p).max()) * abs(alpha) >= _F32_MAX:
+        raise ValueError(f"table {table.name!r}: lr {-alpha} times gradients up to {float(np.abs(g_p).max()):.3g} "
+                         f"overflows float32: the rows would become inf; the learning rate is too large")
     # ids already unique and sorted (what ShardedEmbeddingBag pushes) skip the sort
     distinct = distinct or bool(np.all(rows_p[1:] > rows_p[:-1]))
     shared = (table.staging.views if table.stateful else table.row_views)[p] is not None

@@ -344,7 +344,9 @@ class EmbeddingTable:
         torch = torch_module()
         self._applies += 1
         shard, state = self._ps_tensors()
-        self.optimizer.apply(shard, state, torch.from_numpy(rows), torch.from_numpy(grads), step, self._applies)
+        new = self.optimizer.apply(shard, state, torch.from_numpy(rows), torch.from_numpy(grads), step, self._applies)
+        if not bool(torch.isfinite(new).all()):
+            self._refuse_nonfinite(rows, new, step)
         if self.dirty is not None:
             self.dirty.mark_local(rows)
         self.rows.sync()
@@ -352,6 +354,17 @@ class EmbeddingTable:
             self.half.refresh(self.shard(), rows)
         if self.row_versions is not None:         # after the rows: a reader that sees the stamp sees them
             self.row_versions.raise_local(rows, step + 1 if stamp is None else stamp)
+
+    def _refuse_nonfinite(self, rows: np.ndarray, new, step: int):
+        """PS: an apply of finite gradients made rows non-finite (an optimizer step too large): raise
+        ``ValueError`` naming the table and rows, so the job ends instead of training on them."""
+        torch = torch_module()
+        bad = rows[~torch.isfinite(new).all(dim=1).numpy()]
+        gids = self.sharding.global_ids(self.ctx.ps_rank)[bad]
+        raise ValueError(f"table {self.name!r}: the {type(self.optimizer).__name__} step of training step {step} "
+                         f"made {bad.size} row(s) inf or NaN from finite gradients (global ids "
+                         f"{gids[:8].tolist()}{' ...' if bad.size > 8 else ''}): the learning rate "
+                         f"({self.optimizer.lr}) is too large for these gradients; stopping")
 
     def take_dirty(self) -> np.ndarray:
         """PS, while no worker pushes (checkpoint cut): local rows changed since the last call,
