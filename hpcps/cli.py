@@ -3,6 +3,7 @@
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -129,6 +130,7 @@ def _abort(e: Exception) -> None:
     sys.stderr.flush()
     time.sleep(ABORT_GRACE_S)            # the launcher forwards the message before the abort kills us
     world.Abort(2)
+    os._exit(2)                          # MPI_Abort ends the process; never carry on past it
 
 
 def _run_collective(fn, *args):

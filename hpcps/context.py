@@ -8,6 +8,7 @@ and returns a :class:`Context`. PS ranks hold table shards and wait in
 """
 
 import os
+import time
 
 from mpi4py import MPI
 
@@ -33,7 +34,8 @@ def open_contexts() -> int:
 
 def init(num_ps: int | None = None, comm: MPI.Comm | None = None, *,
          transport: str | None = None, mode: str | None = None, wait: str | None = None,
-         rma_read: str | None = None, world_size: int | None = None, abort_on_error: bool = True) -> "Context":
+         rma_read: str | None = None, world_size: int | None = None, progress_timeout: float | None = None,
+         abort_on_error: bool = True) -> "Context":
     """Split ranks into PS and worker groups. Collective over ``comm`` (default ``MPI.COMM_WORLD``).
 
     num_ps: number of PS ranks; default ``$HPCPS_NUM_PS``, else 1. An explicit
@@ -50,6 +52,9 @@ def init(num_ps: int | None = None, comm: MPI.Comm | None = None, *,
     rma_read: how a pull reads a remote shard: ``"get_accumulate"`` (atomic per element
         under the MPI standard) or ``"get"`` (faster; safe where the MPI's reads of
         aligned floats are not torn). Default ``$HPCPS_RMA_READ``, else get_accumulate.
+    progress_timeout: seconds a wait may see no progress (a stopped or stuck rank) before it
+        raises ``hpcps.errors.StalledError`` naming what it waited for, which ends the job; 0
+        waits forever. Default ``$HPCPS_PROGRESS_TIMEOUT``, else 600.
     world_size: when given, the world must have exactly this many ranks (default
         ``$HPCPS_WORLD_SIZE``, else not checked).
     abort_on_error: install a ``sys.excepthook`` that calls ``MPI_Abort`` so an
@@ -74,6 +79,14 @@ def init(num_ps: int | None = None, comm: MPI.Comm | None = None, *,
     wait = wait or os.environ.get("HPCPS_WAIT", "auto")
     if wait not in WAIT_POLICIES:
         raise ValueError(f"wait (HPCPS_WAIT) must be one of {WAIT_POLICIES}, got {wait!r}")
+    if progress_timeout is None:
+        progress_timeout = os.environ.get("HPCPS_PROGRESS_TIMEOUT", _wait.PROGRESS_TIMEOUT_S)
+    try:
+        progress_timeout = float(progress_timeout)
+        _wait.set_progress_timeout(progress_timeout)
+    except (TypeError, ValueError):
+        raise ValueError(f"progress_timeout (HPCPS_PROGRESS_TIMEOUT) must be seconds >= 0, got "
+                         f"{progress_timeout!r}") from None
     rma_read = rma_read or os.environ.get("HPCPS_RMA_READ", "get_accumulate")
     if rma_read not in RMA_READS:
         raise ValueError(f"rma_read (HPCPS_RMA_READ) must be one of {RMA_READS}, got {rma_read!r}")
@@ -138,7 +151,7 @@ class Context(Topology):
         # Non-blocking barrier over the world, polled through MPI so that RMA
         # aimed at this rank keeps progressing; yield the CPU between polls.
         req = self.world.Ibarrier()
-        misses = 0
+        misses, started = 0, time.monotonic()
         while not req.Test():
             seen = self.control.bell()               # before looking: a ring after it is not lost
             if self.is_ps:
@@ -147,6 +160,7 @@ class Context(Topology):
                     hook()
             else:
                 misses += 1
+                _wait.overdue(started, misses, "this worker finished; the other ranks have not reached finalize()")
             _wait.pause(max(misses, 1), self.control.bell_word, seen)
         if self.is_ps:                       # every push is in: apply whatever is still staged
             self.control.service(self._tables, final=True)
@@ -200,6 +214,7 @@ class Context(Topology):
             raise RoleError("serve() is for PS ranks; workers call finalize() when done")
         if self._served:
             return
+        self.control.note_serving()
         self._wait_all_workers_done()
         self._served = True
 

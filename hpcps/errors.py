@@ -5,7 +5,7 @@ communication. Failures of MPI, HDF5 or NCCL are wrapped once, at the boundary,
 as :class:`HpcpsError` (``raise HpcpsError(...) from e``).
 """
 
-__all__ = ["HpcpsError", "FreedError", "RoleError"]
+__all__ = ["HpcpsError", "FreedError", "RoleError", "StalledError"]
 
 
 class HpcpsError(RuntimeError):
@@ -18,3 +18,8 @@ class FreedError(HpcpsError):
 
 class RoleError(HpcpsError):
     """A worker-only call made on a PS rank, or the other way round."""
+
+
+class StalledError(HpcpsError):
+    """A wait saw no progress for longer than the progress timeout (``job.progress_timeout``): a
+    rank stopped (SIGSTOP, a hung node, a deadlock) or the ranks fell out of step."""

@@ -4,6 +4,7 @@ launch under an outer timeout (tests/mpirun.py kills what is left)."""
 
 import json
 import os
+import re
 import signal
 import time
 
@@ -48,18 +49,23 @@ def test_an_error_on_a_ps_rank_alone_is_reported_by_that_rank(tmp_path):
     assert "hpcps: error on world rank 2" in r.stderr and "lacks optimizer state" in r.stderr, r.stderr[-3000:]
 
 
-def _start(tag, sets):
-    proc = launch_mpi(3, _train_argv(["job.steps=400", "job.step_delay=0.02", "metrics.path=", *sets]), tag=tag)
-    deadline = time.time() + 60
-    while time.time() < deadline and not all(rank_pid(tag, r) for r in range(3)):
+def _start(tag, sets, tmp_path):
+    """Launch a slow 3-rank job and return once it has logged a training step."""
+    metrics = tmp_path / f"{tag}.jsonl"
+    proc = launch_mpi(3, _train_argv(["job.steps=400", "job.step_delay=0.02", "job.log_every=5",
+                                      f"metrics.path={metrics}", *sets]), tag=tag)
+    deadline = time.time() + 90
+    while time.time() < deadline and proc.poll() is None:
+        if metrics.exists() and '"step"' in metrics.read_text():
+            return proc
         time.sleep(0.2)
-    time.sleep(4)                                   # training under way
-    return proc
+    reap(proc, timeout=5)
+    pytest.fail("the job did not start training within 90 s")
 
 
-def test_sigterm_without_a_checkpoint_dir_stops_and_says_so():
+def test_sigterm_without_a_checkpoint_dir_stops_and_says_so(tmp_path):
     tag = f"nockpt-{os.getpid()}"
-    proc = _start(tag, [])
+    proc = _start(tag, [], tmp_path)
     for rank in range(3):
         os.kill(rank_pid(tag, rank), signal.SIGTERM)
     code, out, err = reap(proc, timeout=90)
@@ -72,7 +78,7 @@ def test_sigterm_without_a_checkpoint_dir_stops_and_says_so():
 def test_sigterm_to_the_ps_alone_checkpoints_and_stops(tmp_path):
     tag = f"psonly-{os.getpid()}"
     ck = tmp_path / "ck"
-    proc = _start(tag, [f"checkpoint.dir={ck}"])
+    proc = _start(tag, [f"checkpoint.dir={ck}"], tmp_path)
     os.kill(rank_pid(tag, 2), signal.SIGTERM)       # world rank 2 is the PS (highest rank of the node)
     code, out, err = reap(proc, timeout=90)
     assert code == 85, err[-2000:]
@@ -153,3 +159,46 @@ with hpcps.init(num_ps=1) as ctx:
 def test_a_plain_sgd_push_that_would_overflow_is_refused_before_it_lands():
     r = run_mpi(2, ["-c", _OVERFLOW], timeout=60)
     assert "OK refused" in r.stdout
+
+
+_WORKERS_ONLY = """
+import sys, time, hpcps
+hpcps.prepare_process()
+with hpcps.init(num_ps=1, progress_timeout=3) as ctx:
+    if sys.argv[1] == "serving" and ctx.is_ps:
+        ctx.serve()
+    elif ctx.is_ps:
+        time.sleep(60)                         # not serving yet, and never creating the table
+    else:
+        time.sleep(0.5)
+        hpcps.EmbeddingTable(ctx, "only-on-workers", 10, 2)
+"""
+
+
+@pytest.mark.parametrize("ps", ["serving", "busy"])
+def test_a_table_created_on_the_workers_only_ends_the_job(ps):
+    t0 = time.time()
+    r = run_mpi(3, ["-c", _WORKERS_ONLY, ps], timeout=60, check=False)
+    assert r.returncode not in (0, None) and time.time() - t0 < 50
+    want = "called serve() already" if ps == "serving" else "every rank to create it"
+    assert "only-on-workers" in r.stderr and want in r.stderr, r.stderr[-2000:]
+
+
+# where the stopped rank held the others up decides the words: the sync fence, a shard lock, the
+# dense all-reduce; each names it (world rank 1 is worker 1, world rank 2 the PS)
+@pytest.mark.parametrize("victim,named", [(2, r"world rank 2\b"),
+                                          (1, r"world rank\(s\) \[1\]|world rank 1\b|worker rank\(s\) \[1\]")])
+def test_a_stopped_rank_is_noticed_within_the_progress_timeout_and_named(victim, named, tmp_path):
+    tag = f"sigstop-{victim}-{os.getpid()}"
+    proc = _start(tag, ["job.progress_timeout=4"], tmp_path)
+    pid = rank_pid(tag, victim)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        code, out, err = reap(proc, timeout=60)
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert code not in (0, None), (code, out[-2000:], err[-2000:])
+    assert "no progress for 4 s (job.progress_timeout)" in err and re.search(named, err), (code, err[-3000:])

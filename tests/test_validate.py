@@ -74,8 +74,8 @@ def test_id_rows_of_several_tables_fail_as_each_table_would():
     (["ab"], "rows >= 1"),
 ])
 def test_table_segments_are_checked_before_any_communication(segments, msg):
-    from hpcps.sparse.table import _check_segments
+    from hpcps.sparse.spec import check_segments
     with pytest.raises(ValueError, match=f"table 'emb': .*{re.escape(msg)}"):
-        _check_segments("emb", segments, 5)
-    assert _check_segments("emb", [("a", 2), ("b", np.int64(3))], 5) == (("a", 2), ("b", 3))
-    assert _check_segments("emb", None, 5) is None
+        check_segments("emb", segments, 5)
+    assert check_segments("emb", [("a", 2), ("b", np.int64(3))], 5) == (("a", 2), ("b", 3))
+    assert check_segments("emb", None, 5) is None

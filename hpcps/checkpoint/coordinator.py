@@ -24,6 +24,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .._version import __version__
+from ..core.wait import overdue
 from ..errors import HpcpsError
 from ..core.sharding import logical_tables
 from ..core.window import Window
@@ -131,10 +132,13 @@ class Checkpointer:
         import torch
         rngs = self.ctx.worker_comm.gather(torch.get_rng_state().numpy(), root=0)
         for r in ps_ranks:
+            misses, started = 0, time.monotonic()
             while self._get(r, COPIED) < step:
                 if self._get(r, ERROR) >= step:
                     raise HpcpsError(f"checkpoint at step {step} failed on PS world rank {r} (see its log)")
                 time.sleep(0.0005)      # not spinning: leave the cores to the PS ranks copying
+                misses += 1
+                overdue(started, misses, f"checkpoint at step {step}: PS world rank {r} has not copied its shards")
         if self.is_lead:
             model_state = {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
             osd = optimizer.state_dict()

@@ -13,10 +13,12 @@ PS last applied them (stateful optimizers). Waiting polls through MPI and pauses
 between tries as ``hpcps.core.wait`` says (a yield, or sleeps on an oversubscribed node).
 """
 
+import time
+
 import numpy as np
 from mpi4py import MPI
 
-from .wait import backoff
+from .wait import backoff, overdue
 from .window import Window
 
 __all__ = ["ShardLocks"]
@@ -38,7 +40,7 @@ class ShardLocks:
     def acquire(self, rank: int) -> None:
         """Block until this rank holds the lock of PS at world ``rank``. Local (one-sided)."""
         win = self._window.win
-        misses = 0
+        misses, started = 0, time.monotonic()
         while True:
             win.Compare_and_swap(self._me, self._zero, self._result, rank, 0)
             win.Flush(rank)
@@ -47,6 +49,8 @@ class ShardLocks:
             self.spins += 1
             misses += 1
             backoff(misses)
+            overdue(started, misses, lambda: f"the shard lock of PS world rank {rank} is held by world rank "
+                                             f"{int(self._result[0]) - 1}")
 
     def release(self, rank: int) -> None:
         """Release the lock of PS at world ``rank``. Local (one-sided)."""

@@ -27,10 +27,15 @@ import platform
 import sys
 import time
 
+from ..errors import StalledError
 from .settings import WAIT_POLICIES
 
 __all__ = ["WAIT_POLICIES", "backoff", "set_policy", "wait_request", "bells", "pause", "futex_wait", "futex_wake",
-           "HAVE_FUTEX", "BELL_TIMEOUT_S"]
+           "HAVE_FUTEX", "BELL_TIMEOUT_S", "set_progress_timeout", "overdue", "PROGRESS_TIMEOUT_S"]
+
+PROGRESS_TIMEOUT_S = 600.0  # default of job.progress_timeout
+_timeout = PROGRESS_TIMEOUT_S
+_CLOCK_EVERY = 64           # misses between two looks at the clock (a wait's polls stay cheap)
 
 _SPINS = 2                  # misses answered with a yield before the first sleep
 _FIRST_S, _MAX_S = 20e-6, 60e-6
@@ -68,12 +73,32 @@ def backoff(misses: int) -> None:
     time.sleep(min(_FIRST_S * (1 << min(misses - _SPINS - 1, 8)), _MAX_S))
 
 
-def wait_request(req) -> None:
-    """Complete an MPI request by polling ``Test`` under the policy. Local."""
-    misses = 0
+def set_progress_timeout(seconds: float) -> None:
+    """Seconds a wait may see no progress before it raises :class:`hpcps.errors.StalledError`
+    (0: wait forever). Local; :func:`hpcps.init` sets it (``job.progress_timeout``)."""
+    global _timeout
+    if not seconds >= 0:
+        raise ValueError(f"progress timeout must be >= 0 seconds, got {seconds!r}")
+    _timeout = float(seconds)
+
+
+def overdue(started: float, misses: int, what) -> None:
+    """In a wait that began at ``time.monotonic()`` ``started``, after its ``misses``-th fruitless
+    poll: raise :class:`hpcps.errors.StalledError` saying ``what()`` (or ``what``) once the progress
+    timeout has passed. Looks at the clock every ``_CLOCK_EVERY`` misses only. Local."""
+    if misses % _CLOCK_EVERY or not _timeout or time.monotonic() - started <= _timeout:
+        return
+    text = what() if callable(what) else what
+    raise StalledError(f"no progress for {_timeout:g} s (job.progress_timeout): {text}")
+
+
+def wait_request(req, what="an MPI request to complete") -> None:
+    """Complete an MPI request by polling ``Test`` under the policy, within the progress timeout. Local."""
+    misses, started = 0, time.monotonic()
     while not req.Test():
         misses += 1
         backoff(misses)
+        overdue(started, misses, what)
 
 
 def bells() -> bool:

@@ -233,7 +233,7 @@ class BatchAhead:
         j = step - self.start - 1                           # the child's j-th batch
         head = self._head
         if head[_PUBLISHED] <= j:
-            t0 = time.perf_counter()
+            t0 = time.monotonic()
             misses = 0
             word = head.ctypes.data + 8 * _PUBLISHED
             while head[_PUBLISHED] <= j and not head[_STATE]:
@@ -243,7 +243,8 @@ class BatchAhead:
                     self._restore()
                     raise RuntimeError(f"data loader process of this worker died before batch {step}")
                 _wait.pause(misses, word if _wait.bells() else None, int(head[_PUBLISHED]))
-            self.wait_s += time.perf_counter() - t0
+                _wait.overdue(t0, misses, lambda: f"this worker's data loader process has not drawn batch {step}")
+            self.wait_s += time.monotonic() - t0
         if head[_PUBLISHED] <= j:
             if head[_STATE] == 1:
                 msg = bytes(self._map[_HEADER:_HEADER + _ERR_BYTES]).rstrip(b"\0").decode(errors="replace")

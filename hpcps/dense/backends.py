@@ -8,6 +8,7 @@ the worker ranks, returning an object with ``test()`` and ``wait()``.
 import logging
 import os
 import socket
+import time
 
 import numpy as np
 from mpi4py import MPI
@@ -31,7 +32,7 @@ class _MPIWork:
         return self._req.Test()
 
     def wait(self) -> None:
-        wait_request(self._req)        # MPI_Wait would spin on a core other ranks may need
+        wait_request(self._req, "the dense all-reduce (mpi) of the other workers")  # MPI_Wait would spin
 
 
 class MPIBackend:
@@ -78,10 +79,13 @@ class _ShmWork:
             return
         be, b = self._backend, self._b
         word = be._addr(b) if be._bells else None       # asleep until the last worker in rings
-        misses = 0
+        misses, started = 0, time.monotonic()
         while (arrived := be._count(b)) < self._target:
             misses += 1
             _wait.pause(misses, word, arrived)
+            _wait.overdue(started, misses, lambda: f"dense all-reduce (shm) of bucket {b}: worker rank(s) "
+                                                   f"{be.missing(b, self._target // be.comm.Get_size())} of the "
+                                                   f"worker communicator have not arrived")
         be._win.sync()                                 # the count before the slots it announces
         import torch
         torch.sum(self._slots, dim=0, out=self._flat)  # the same order on every worker: equal bits
@@ -127,7 +131,8 @@ class ShmBackend:
         self._index, self._slots, self._calls = {}, [], []
         if not flats:                           # nothing to all-reduce: no window
             return
-        head = -(-8 * len(flats) // 64) * 64
+        # int64 words: an arrival counter per bucket, then per bucket and worker the calls it arrived at
+        head = -(-8 * len(flats) * (1 + W) // 64) * 64
         offsets, nbytes = [], head
         for f in flats:
             offsets.append(nbytes)
@@ -141,6 +146,7 @@ class ShmBackend:
         self._win.sync()
         self.comm.Barrier()
         self._words = mem[:head].view(np.int64)
+        self._arrivals = self._words[len(flats):len(flats) * (1 + W)].reshape(len(flats), W)
         self._base = mem.ctypes.data
         self._calls = [0] * len(flats)
         for b, (f, off) in enumerate(zip(flats, offsets)):
@@ -155,6 +161,11 @@ class ShmBackend:
         self._win.sync()
         return int(self._words[b])
 
+    def missing(self, b: int, calls: int) -> list[int]:
+        """Ranks of ``comm`` that have not arrived at call ``calls`` of bucket ``b``. Local."""
+        self._win.sync()
+        return np.flatnonzero(self._arrivals[b] < calls).tolist()
+
     def _addr(self, b: int) -> int:
         return self._base + 8 * b
 
@@ -167,6 +178,7 @@ class ShmBackend:
         self._calls[b] = g + 1
         slots = self._slots[b][g % 2]
         slots[me].copy_(flat)
+        self._arrivals[b, me] = g + 1           # this worker's own word: who came, for a stall's report
         win = self._win.win
         self._win.sync()                        # the slot before the count that announces it
         win.Fetch_and_op(self._one, self._old, 0, 8 * b, MPI.SUM)

@@ -1,9 +1,10 @@
 """Consistency modes: ``sync``, ``async`` and ``ssp:S`` over one small RMA window.
 
-Each PS rank exposes ``int64[3 + W]``: ``[0]`` counts step completions
+Each PS rank exposes ``int64[4 + W]``: ``[0]`` counts step completions
 reported by workers, ``[1]`` is the number of steps this PS has applied, on
-PS 0 ``[2 + w]`` is worker ``w``'s clock (steps finished), and ``[2 + W]`` is 1
-once this PS was asked to stop (a signal to the PS alone: :meth:`StepControl.ps_asked_to_stop`).
+PS 0 ``[2 + w]`` is worker ``w``'s clock (steps finished), ``[2 + W]`` is 1
+once this PS was asked to stop (a signal to the PS alone: :meth:`StepControl.ps_asked_to_stop`),
+and ``[3 + W]`` is 1 once it serves (:meth:`StepControl.ps_serving`).
 
 Workers call ``begin(t)`` before pulling for step ``t`` and ``end(t)`` after
 their pushes of step ``t`` completed:
@@ -19,6 +20,8 @@ their pushes of step ``t`` completed:
 ``fence(t)`` (any mode) waits until every PS applied everything pushed by
 workers through step ``t - 1``: used before evaluation and checkpoints.
 """
+
+import time
 
 import numpy as np
 from mpi4py import MPI
@@ -40,7 +43,7 @@ class StepControl:
         self.mode = mode
         self.ctx = ctx
         W = ctx.num_workers
-        self._win = Window(ctx.world, (3 + W) * 8 if ctx.is_ps else 0, what="step control")
+        self._win = Window(ctx.world, (4 + W) * 8 if ctx.is_ps else 0, what="step control")
         # the words of this PS (its own memory), and of each PS on this node as shared memory: read
         # and written with plain loads and stores between Win_sync barriers. The PS polls its counter
         # dozens of times a step, and an MPI atomic on a window shared by busy ranks cost 40 us or
@@ -54,7 +57,7 @@ class StepControl:
         if ctx.is_worker and ctx.transport == "auto":
             for r in ctx.ps_world_ranks:
                 mem = self._win.shared(r, np.int64) if r in ctx.node_ranks else None
-                if mem is not None and mem.size == 3 + W:
+                if mem is not None and mem.size == 4 + W:
                     self._views[r] = mem
         # doorbells (oversubscribed node, Linux): a waiting rank sleeps on a futex on these words
         # instead of waking every few tens of us to poll them (hpcps/core/wait.py). A worker rings each
@@ -101,14 +104,24 @@ class StepControl:
         for rank in self.ctx.ps_world_ranks:
             view = self._views.get(rank) if self.bells else None
             word = view.ctypes.data + 8 if view is not None else None     # asleep until the PS publishes
-            misses = 0
+            misses, started = 0, time.monotonic()
             while (applied := int(self._read(rank, 1)[0])) < step:
                 misses += 1
                 _wait.pause(misses, word, applied)
+                _wait.overdue(started, misses, lambda: self._stall_report(rank, step, applied))
+
+    def _stall_report(self, rank: int, step: int, applied: int) -> str:
+        """Who holds up step ``step``: the workers that have not finished it, or the PS. Local (one-sided)."""
+        clocks = self._read(self.ctx.ps_world_ranks[0], 2, self.ctx.num_workers).copy()
+        late = [self.ctx.worker_world_ranks[w] for w in np.flatnonzero(clocks < step).tolist()]
+        if late:
+            return (f"waiting for step {step - 1} to be applied: worker world rank(s) {late} have not finished it "
+                    f"(their clocks {clocks[clocks < step].tolist()})")
+        return (f"waiting for PS world rank {rank} to apply step {step - 1}: every worker finished it, the PS has "
+                f"applied {applied} steps (is it stopped or stuck?)")
 
     def begin(self, step: int) -> int:
         """Worker, before pulling for ``step``: wait as the mode asks; returns the staleness seen. Local."""
-        import time
         t0 = time.perf_counter()
         self.step = step
         stale = 0
@@ -117,7 +130,7 @@ class StepControl:
                 self._wait_applied(step)
         elif self.kind == "ssp" or self.kind == "async":
             ps0 = self.ctx.ps_world_ranks[0]
-            misses = 0
+            misses, started = 0, time.monotonic()
             while True:
                 slowest = int(self._read(ps0, 2, self.ctx.num_workers).min())
                 stale = step - slowest
@@ -125,6 +138,7 @@ class StepControl:
                     break
                 misses += 1
                 backoff(misses)
+                _wait.overdue(started, misses, lambda: f"ssp: step {step} waits for the slowest worker, at step {slowest}")
             self.staleness.append(stale)
         self.wait_seconds += time.perf_counter() - t0
         return stale
@@ -151,7 +165,16 @@ class StepControl:
         """Worker: whether some PS rank was asked to stop (:meth:`note_stop`). Local (one-sided)."""
         return any(int(self._read(rank, 2 + self.ctx.num_workers)[0]) for rank in self.ctx.ps_world_ranks)
 
+    def ps_serving(self) -> list[int]:
+        """Worker: the world ranks of the PS ranks that entered ``serve()`` already. Local (one-sided)."""
+        return [r for r in self.ctx.ps_world_ranks if int(self._read(r, 3 + self.ctx.num_workers)[0])]
+
     # ------------------------------------------------------------ PS side
+    def note_serving(self) -> None:
+        """PS, entering ``serve()``: from now on no table may be created. Local."""
+        self._mine[3 + self.ctx.num_workers] = 1
+        self._win.sync()
+
     def note_stop(self) -> None:
         """PS: record that this rank was asked to stop (a signal), for the workers to see. Local."""
         if not self._mine[2 + self.ctx.num_workers]:

@@ -14,7 +14,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from ..core.wait import backoff
+from ..core.wait import backoff, overdue
 from .codec import widen
 from .validate import as_ids
 
@@ -25,10 +25,11 @@ def complete(requests) -> None:
     """Wait for RMA requests, pausing between tests (``hpcps.core.wait``): on a core shared with the
     model's compute (a communication thread, an oversubscribed node) a blocking flush would spin on
     it. Local."""
-    misses = 0
+    misses, started = 0, time.monotonic()
     while requests and not MPI.Request.Testall(requests):
         misses += 1
         backoff(misses)
+        overdue(started, misses, f"{len(requests)} RMA read(s) of a pull to complete")
 
 
 class PullHandle:

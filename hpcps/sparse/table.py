@@ -8,7 +8,8 @@ frees what it made:
 - ``push.py``: the push path and its transports (slab, staged rows, inbox, RMA);
 - ``staging.py``: the staged gradients, and the PS's drain and apply;
 - ``codec.py``: 16-bit rows and gradients (the PS's 16-bit copy, the push inbox);
-- ``tracking.py``: row version stamps and dirty marks.
+- ``tracking.py``: row version stamps and dirty marks;
+- ``spec.py``: the argument checks and the agreement of every rank on them.
 
 Placement (which PS owns a row, and where in its shard) is ``hpcps.core.sharding``.
 """
@@ -20,8 +21,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..core.ids import default_scale, initial_rows
-from ..core.optimizers import SGD, SparseOptimizer, new_state
-from ..core.settings import RMA_READS, ROW_DTYPES, TRANSPORTS
+from ..core.optimizers import SparseOptimizer, new_state
 from ..core.sharding import logical_tables, make_sharding
 from ..core.window import Window
 from ..errors import FreedError, RoleError
@@ -29,6 +29,7 @@ from .codec import HalfCopy, PushInbox, torch_module
 from .pull import PullHandle, gather_local, pull_async
 from .push import PushHandle, push_many
 from .staging import Staging
+from .spec import agree, check_args, check_segments
 from .tracking import DirtyRows, RowVersions
 from .validate import as_ids
 
@@ -55,53 +56,6 @@ class TableStats:
     applies_scanned: int = 0    # PS: applies that scanned the shard's flags (the list had overflowed)
     applies_slab: int = 0       # PS: applies that took one worker's push straight from the hand-off slab
     inbox_full: int = 0         # 16-bit pushes sent as float32 because the PS's push inbox was full
-
-
-def _check_segments(name: str, segments, num_rows: int):
-    """``segments`` as a tuple of ``(name, rows)``, checked: distinct non-empty names, rows >= 1,
-    summing to ``num_rows``; ``None`` stays ``None``. Local."""
-    if segments is None:
-        return None
-    try:
-        parts = tuple((n, r) for n, r in segments)
-    except (TypeError, ValueError):
-        raise ValueError(f"table {name!r}: segments must be [(name, rows), ...], got {segments!r}") from None
-    for n, r in parts:
-        if not isinstance(n, str) or not n or isinstance(r, bool) or not isinstance(r, (int, np.integer)) or r < 1:
-            raise ValueError(f"table {name!r}: each segment needs a non-empty name and rows >= 1, got {(n, r)!r}")
-    if not parts or len({n for n, _ in parts}) != len(parts):
-        raise ValueError(f"table {name!r}: segments need distinct names, got {[n for n, _ in parts]}")
-    if sum(int(r) for _, r in parts) != num_rows:
-        raise ValueError(f"table {name!r}: segments hold {sum(int(r) for _, r in parts)} rows, the table "
-                         f"{num_rows}")
-    return tuple((n, int(r)) for n, r in parts)
-
-
-def _check_args(ctx, name, num_rows, dim, optimizer, transport, pull_dtype, push_dtype, rma_read):
-    """The checks of :class:`EmbeddingTable` that need no communication; returns the optimizer,
-    transport and remote read to use. Local."""
-    ctx.check_open()
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"table name must be a non-empty string, got {name!r}")
-    for what, v in (("num_rows", num_rows), ("dim", dim)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-            raise ValueError(f"table {name!r}: {what} must be an integer >= 1, got {v!r}")
-    if any(t.name == name for t in ctx.tables):
-        raise ValueError(f"table {name!r} already exists in this context")
-    optimizer = SGD() if optimizer is None else optimizer
-    if not isinstance(optimizer, SparseOptimizer):
-        raise ValueError(f"table {name!r}: optimizer must be an hpcps.optim optimizer, got {optimizer!r}")
-    optimizer.check()
-    transport = transport or ctx.transport
-    if transport not in TRANSPORTS:
-        raise ValueError(f"table {name!r}: transport must be 'auto' or 'rma', got {transport!r}")
-    for what, v in (("pull_dtype", pull_dtype), ("push_dtype", push_dtype)):
-        if v not in ROW_DTYPES:
-            raise ValueError(f"table {name!r}: {what} must be one of {ROW_DTYPES}, got {v!r}")
-    rma_read = rma_read or ctx.rma_read
-    if rma_read not in RMA_READS:
-        raise ValueError(f"table {name!r}: rma_read must be one of {RMA_READS}, got {rma_read!r}")
-    return optimizer, transport, rma_read
 
 
 class EmbeddingTable:
@@ -150,16 +104,14 @@ class EmbeddingTable:
                  init_scale: float | None = None, transport: str | None = None, track_dirty: bool = False,
                  track_versions: bool = False, pull_dtype: str = "float32", push_dtype: str = "float32",
                  segments=None, sharding=None, rma_read: str | None = None):
-        optimizer, transport, rma_read = _check_args(ctx, name, num_rows, dim, optimizer, transport, pull_dtype,
+        optimizer, transport, rma_read = check_args(ctx, name, num_rows, dim, optimizer, transport, pull_dtype,
                                                      push_dtype, rma_read)
         scale = default_scale(dim) if init_scale is None else float(init_scale)
-        segments = _check_segments(name, segments, int(num_rows))
+        segments = check_segments(name, segments, int(num_rows))
         sharding = make_sharding(sharding, int(num_rows), ctx.num_ps)
         spec = (name, int(num_rows), int(dim), repr(optimizer), int(seed), scale, transport, bool(track_dirty),
                 bool(track_versions), pull_dtype, push_dtype, segments, repr(sharding), rma_read)
-        specs = ctx.world.allgather(spec)
-        if any(s != spec for s in specs):
-            raise ValueError(f"table {name!r} created differently on different ranks: {sorted(set(specs))}")
+        agree(ctx, name, spec)
 
         self.ctx, self.name, self.num_rows, self.dim = ctx, name, int(num_rows), int(dim)
         self.optimizer, self.seed, self.init_scale, self.transport = optimizer, int(seed), scale, transport

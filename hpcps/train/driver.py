@@ -47,7 +47,7 @@ def train(cfg: Config) -> dict | None:
         raise ValueError(f"config: data.batch_size = {cfg.data.batch_size}: smaller than the {workers} workers "
                          f"(each worker takes a slice of the global batch): use at least {workers}")
     with init(num_ps=j.num_ps, transport=j.transport, mode=j.mode, wait=j.wait, rma_read=j.rma_read,
-              world_size=j.world_size or None) as ctx:
+              world_size=j.world_size or None, progress_timeout=j.progress_timeout) as ctx:
         # torch's default (every CPU, per rank) oversubscribes a node that runs several ranks
         torch.set_num_threads(cfg.model.threads or max(1, ctx.node_cpus // ctx.node_comm.Get_size()))
         data = make_data(cfg.data, j.seed, ctx.num_workers, max(ctx.worker_rank, 0))
