@@ -39,7 +39,7 @@ def test_staged_pushes_applied_by_ps_lose_no_update(n, num_ps, transport, list_r
     instead, at least after every first push since an apply: either way no update is lost."""
     extra = [] if list_rows is None else [list_rows]
     r = run_mpi(n, ["concurrent_push.py", num_ps, transport, 150, "stateful", *extra], timeout=180)
-    assert r.stdout.count("OK worker") == n - num_ps and r.stdout.count("snapshot") == num_ps
+    assert r.stdout.count("OK worker") == n - num_ps
     counts = [tuple(map(int, m)) for m in re.findall(r"OK PS applies listed (\d+) scanned (\d+) slab (\d+)",
                                                       r.stdout)]
     assert len(counts) == num_ps
