@@ -45,6 +45,9 @@ write_conf() {
     cat >"$CONF" <<EOF
 # written by scripts/slurm_local.sh; one node, no cgroups, no munge
 ClusterName=hpcps-local
+# job ids from the clock, not 1 each start: MPICH names a job's shared-memory file after the job and
+# step number, and a file left by an earlier killed job 1.0 made a new job 1.0 spin in MPI_Init
+FirstJobId=$(( $(date +%s) % 60000000 + 1000 ))
 SlurmctldHost=$HOST
 SlurmctldPort=$PORT
 SlurmdPort=$((PORT + 1))
@@ -83,6 +86,15 @@ EOF
 
 alive() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
+# MPICH shared-memory files that no live process maps (left by killed jobs)
+clean_shm() {
+    local f
+    for f in /dev/shm/mpich_shm_*; do
+        [ -e "$f" ] || continue
+        grep -qs "$f" /proc/[0-9]*/maps || rm -f "$f"
+    done
+}
+
 start() {
     mkdir -p "$DIR"
     install
@@ -91,6 +103,7 @@ start() {
         say "already running (slurmctld $(cat "$DIR/slurmctld.pid"), slurmd $(cat "$DIR/slurmd.pid"))"
     else
         stop_daemons quiet
+        clean_shm
         write_conf
         local t0=$SECONDS
         slurmctld -f "$CONF" -c          # -c: a clean start, no jobs from an earlier run

@@ -171,6 +171,22 @@ def test_past_the_restart_limit_it_stops_requeueing_and_says_why(slurm, tmp_path
     assert newest is not None and store.read_manifest(newest)["step"] >= 3
 
 
+def test_a_stop_file_alone_is_judged_a_checkpointed_stop_under_srun(slurm, tmp_path):
+    """No signal: a STOP file makes the job checkpoint and stop. The first rank to exit 85 makes
+    srun --kill-on-bad-exit end the others with SIGTERM (exit 143 for the step); the script must
+    judge by the job's STOPPED record, not report a failed training."""
+    ck, log, metrics = tmp_path / "ck", tmp_path / "job.log", tmp_path / "m.jsonl"
+    env = _job_env(slurm, ck, HPCPS_STEP_DELAY=0.3, HPCPS_MAX_RESTARTS=0)
+    job = _sbatch(env, log, ["--time=10"], ["job.steps=1000", f"metrics.path={metrics}", "job.log_every=1"])
+    _wait(env, job, 180, until=lambda info: _steps_done(metrics) >= 3)
+    (ck / "STOP").write_text("")
+    info = _wait(env, job, 120)
+    text = log.read_text()
+    assert info["ExitCode"] == "85:0" and "training failed" not in text, _diagnose(slurm, info, text)
+    assert "not requeueing: restart 0 reached HPCPS_MAX_RESTARTS=0" in text
+    assert (ck / "STOPPED").exists() and store.newest_verified(ck) is not None
+
+
 def test_a_launch_whose_tasks_do_not_join_one_world_fails_loudly(slurm):
     # srun without a PMI plugin: every task is rank 0 of a world of 1
     r = subprocess.run(["srun", "-n", "2", "--mpi=none", sys.executable, "-m", "mpi4py", "-m", "hpcps", "train",

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 __all__ = ["step_dir", "tmp_dir", "list_checkpoints", "verify", "verify_chain", "chain", "newest_verified",
-           "commit", "resolve", "inside_checkpoint",
+           "commit", "resolve", "inside_checkpoint", "write_new",
            "read_manifest", "MANIFEST", "DIR_MODE", "FILE_MODE"]
 
 logger = logging.getLogger(__name__)
@@ -181,9 +181,9 @@ def resolve(spec: str, root) -> Path | None:
     return found
 
 
-def _write_new(path: Path, text: str, mode: int) -> None:
+def write_new(path: Path, text: str, mode: int = FILE_MODE) -> None:
     """Write ``text`` to a new file ``path`` with ``mode``, fsynced. Whatever is at ``path`` (a
-    stale file, or a symlink planted there) is removed first, never followed."""
+    stale file, or a symlink planted there) is removed first, never followed. Local."""
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
@@ -237,7 +237,7 @@ def commit(root, step: int, manifest: dict, keep: int, file_mode: int = FILE_MOD
         logger.warning("hpcps: %s existed (another run's): moved to %s", final, aside.name)
     os.rename(tmp, final)
     fsync_path(root)
-    _write_new(Path(root) / "latest.tmp", final.name + "\n", file_mode)
+    write_new(Path(root) / "latest.tmp", final.name + "\n", file_mode)
     os.replace(Path(root) / "latest.tmp", Path(root) / "latest")
     fsync_path(root)
     if keep > 0:

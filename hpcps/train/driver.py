@@ -21,7 +21,7 @@ from ..data.loader import supported as loader_supported
 from ..nn import IdPlan
 from ..stopping import StopRequest
 from .build import make_tables, pipeline_switches, total_steps
-from .recovery import find_resume, open_checkpointer
+from .recovery import find_resume, open_checkpointer, record_start
 from .telemetry import peak_rss
 from .worker import Worker
 
@@ -58,6 +58,7 @@ def train(cfg: Config) -> dict | None:
         if ctx.is_ps:                                  # a signal to a PS alone: the workers see it
             ctx.add_service_hook(lambda: stop.flag and ctx.control.note_stop())
         ckpt = open_checkpointer(cfg, ctx, tables)
+        record_start(cfg, world)
         resume_from = find_resume(cfg, world)
         start, t_restore = 0, time.perf_counter()
         if resume_from is not None:

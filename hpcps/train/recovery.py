@@ -1,6 +1,7 @@
 """Checkpoints of a training job: where they go, which one a job resumes from, and when workers
 take one (``every_steps``, ``every_seconds``, a stop request)."""
 
+import json
 import logging
 import os
 import stat
@@ -13,7 +14,7 @@ from mpi4py import MPI
 from .. import checkpoint as ckpt_mod
 from ..config import Config, parse_permissions
 
-__all__ = ["open_checkpointer", "find_resume", "CheckpointTrigger"]
+__all__ = ["open_checkpointer", "find_resume", "CheckpointTrigger", "record_start"]
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +70,22 @@ def find_resume(cfg: Config, world: MPI.Comm):
     return found
 
 
+def _record_stop(root: Path, step: int) -> None:
+    """Worker 0, after a stop's checkpoint committed: ``<dir>/STOPPED`` says so (step, time, Slurm
+    job), for a batch script that sees the ranks' exit codes mixed with srun's signals."""
+    text = json.dumps({"step": step, "time": time.time(), "slurm_job": os.environ.get("SLURM_JOB_ID")})
+    ckpt_mod.store.write_new(root / "STOPPED.tmp", text + "\n")
+    os.replace(root / "STOPPED.tmp", root / "STOPPED")
+
+
+def record_start(cfg: Config, world: MPI.Comm) -> None:
+    """World rank 0, once every rank is up: ``<checkpoint.dir>/STARTED`` (time, Slurm job), which
+    ``slurm/train.sbatch`` waits for to tell a launch stuck in ``MPI_Init`` from a slow one. Local."""
+    if cfg.checkpoint.dir and world.Get_rank() == 0:
+        text = json.dumps({"time": time.time(), "slurm_job": os.environ.get("SLURM_JOB_ID"), "ranks": world.Get_size()})
+        ckpt_mod.store.write_new(Path(cfg.checkpoint.dir) / "STARTED", text + "\n")
+
+
 class CheckpointTrigger:
     """When the workers take checkpoints and stop: after a step, every ``checkpoint.every_steps``
     steps, when worker 0 saw ``checkpoint.every_seconds`` pass, or on a stop request (a signal to
@@ -116,6 +133,8 @@ class CheckpointTrigger:
         if flags[0]:
             self.stopped = True
             ckpt.wait_commit()
+            if self.lead:
+                _record_stop(Path(c.dir), step + 1)
         return self.stopped
 
     def finish(self, steps: int, start: int, model, opt) -> None:
