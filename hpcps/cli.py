@@ -72,8 +72,12 @@ def _parser() -> argparse.ArgumentParser:
     k = sub.add_parser("ckpt", help="list, verify, inspect and export checkpoints (no MPI launch needed)")
     ks = k.add_subparsers(dest="ckpt_command", required=True)
     ks.add_parser("ls", help="checkpoints in a directory, newest last, with their state").add_argument("dir")
-    ks.add_parser("verify", help="check sizes and SHA-256 of one checkpoint or of every one in a directory"
-                  ).add_argument("path")
+    v = ks.add_parser("verify", help="check sizes and SHA-256 of one checkpoint or of every one in a directory")
+    v.add_argument("path")
+    v.add_argument("--deep", action="store_true",
+                   help="also read every array: non-finite values or |values| over --max-abs fail (a checksum "
+                        "cannot tell a file forged with its own checksum)")
+    v.add_argument("--max-abs", type=float, default=1e6, help="largest |value| --deep accepts (default 1e6)")
     ks.add_parser("inspect", help="step, ranks, tables, shapes and sizes of a checkpoint").add_argument("path")
     e = ks.add_parser("export", help="one file with every table in global-id order and the dense tensors",
                       description="PATH: one checkpoint, or a checkpoint directory meaning its newest verified one.")
@@ -163,7 +167,7 @@ def main(argv=None) -> int:
             if args.ckpt_command == "ls":
                 return tools.ls(args.dir)
             if args.ckpt_command == "verify":
-                return tools.verify_cmd(args.path)
+                return tools.verify_cmd(args.path, args.deep, args.max_abs)
             if args.ckpt_command == "inspect":
                 return tools.inspect(args.path)
             return tools.export(args.path, args.out, args.format)

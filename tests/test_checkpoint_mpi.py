@@ -205,6 +205,17 @@ def test_ckpt_tools(tmp_path):
     import torch
     sd = torch.load(tmp_path / "e.pt")
     assert sd["tables.cat1.weight"].shape == (300, 4)
+    assert run("verify", "--deep", ck).returncode == 0
+    # a shard forged after writing (1e30 values, and the manifest's checksum re-forged to match)
+    shard = store.step_dir(ck, 10) / "ps-00000.h5"
+    with h5py.File(shard, "r+") as f:
+        f["tables/embeddings/weights"][0, 0] = 1e30
+    man = json.loads((store.step_dir(ck, 10) / "manifest.json").read_text())
+    man["files"]["ps-00000.h5"] = {"bytes": shard.stat().st_size, "sha256": store.sha256(shard)}
+    (store.step_dir(ck, 10) / "manifest.json").write_text(json.dumps(man))
+    assert run("verify", store.step_dir(ck, 10)).returncode == 0                  # checksums cannot tell
+    deep = run("verify", "--deep", store.step_dir(ck, 10))
+    assert deep.returncode == 1 and "tables/embeddings/weights: |value| up to 1e+30" in deep.stdout, deep.stdout
     (store.step_dir(ck, 20) / "dense.h5").write_bytes(b"broken")
     v = run("verify", ck)
     assert v.returncode == 1 and "step-000000020" in v.stdout
