@@ -3,6 +3,7 @@
 import json
 import os
 import stat
+import time
 
 import pytest
 
@@ -225,3 +226,35 @@ def test_prune_deletes_only_what_it_may_and_a_same_step_commit_keeps_the_old_asi
     store.commit(tmp_path, 20, {"step": 20, "num_ps": 1, "num_workers": 1, "tables": []}, keep=0)
     aside = list(tmp_path.glob("step-000000020.replaced-*"))
     assert len(aside) == 1 and (aside[0] / "ps-00000.h5").exists()
+
+
+def test_dir_lock_refuses_a_live_holder_and_takes_over_stale_ones(tmp_path, monkeypatch):
+    import socket
+    import subprocess
+    import sys
+    from hpcps.checkpoint.lock import STALE_S, DirLock
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        lock = tmp_path / "LOCK"
+        live = {"host": socket.gethostname(), "pid": holder.pid, "slurm_job": None, "time": 0}
+        lock.write_text(json.dumps(live))
+        with pytest.raises(ValueError, match=f"in use by another job: host .*process {holder.pid}"):
+            DirLock(tmp_path).acquire()
+        monkeypatch.setenv("SLURM_JOB_ID", "77")
+        lock.write_text(json.dumps({**live, "slurm_job": "77"}))         # a requeue of the same job
+        DirLock(tmp_path).acquire()
+        monkeypatch.delenv("SLURM_JOB_ID")
+        lock.write_text(json.dumps({**live, "host": "elsewhere"}))
+        with pytest.raises(ValueError, match="in use"):
+            DirLock(tmp_path).acquire()
+        os.utime(lock, (time.time() - STALE_S - 5,) * 2)                  # not refreshed: stale
+        d = DirLock(tmp_path)
+        d.acquire()
+        assert json.loads(lock.read_text())["pid"] == os.getpid()
+        d.release()
+        assert not lock.exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    lock.write_text(json.dumps({**live, "pid": holder.pid}))             # its process is gone
+    DirLock(tmp_path).acquire()

@@ -202,3 +202,24 @@ def test_a_stopped_rank_is_noticed_within_the_progress_timeout_and_named(victim,
             pass
     assert code not in (0, None), (code, out[-2000:], err[-2000:])
     assert "no progress for 4 s (job.progress_timeout)" in err and re.search(named, err), (code, err[-3000:])
+
+
+def test_a_second_job_on_the_same_checkpoint_dir_is_refused_naming_the_first(tmp_path):
+    tag = f"lock-{os.getpid()}"
+    ck = tmp_path / "ck"
+    first = _start(tag, [f"checkpoint.dir={ck}", "checkpoint.every_steps=5"], tmp_path)
+    try:
+        r = run_mpi(3, _train_argv([f"checkpoint.dir={ck}", "job.steps=10"]), timeout=120, check=False)
+        assert r.returncode == 2 and "is in use by another job: host" in r.stderr and "process" in r.stderr, \
+            r.stderr[-2000:]
+        assert '{"final"' not in r.stdout
+    finally:
+        for rank in range(3):
+            pid = rank_pid(tag, rank)
+            if pid:
+                os.kill(pid, signal.SIGTERM)
+        code, out, err = reap(first, timeout=90)
+    assert code == 85, err[-2000:]
+    assert not (ck / "LOCK").exists()                   # released once the job wrote its last checkpoint
+    r = run_mpi(3, _train_argv([f"checkpoint.dir={ck}", "job.steps=400"]), timeout=180)
+    assert "resuming from" in r.stderr

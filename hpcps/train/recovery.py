@@ -12,6 +12,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import checkpoint as ckpt_mod
+from ..checkpoint.lock import DirLock
 from ..config import Config, parse_permissions
 
 __all__ = ["open_checkpointer", "find_resume", "CheckpointTrigger", "record_start"]
@@ -27,15 +28,24 @@ def open_checkpointer(cfg: Config, ctx, tables):
         return None
     dir_mode = parse_permissions(c.dir_mode, "checkpoint.dir_mode")
     file_mode = parse_permissions(c.file_mode, "checkpoint.file_mode")
+    lock, failed = DirLock(c.dir), None
     if ctx.world.Get_rank() == 0:
-        Path(c.dir).mkdir(mode=dir_mode, parents=True, exist_ok=True)
-        _check_writable(Path(c.dir))
-        mode = Path(c.dir).stat().st_mode
+        try:
+            Path(c.dir).mkdir(mode=dir_mode, parents=True, exist_ok=True)
+            _check_writable(Path(c.dir))
+            lock.acquire()
+        except (OSError, ValueError) as e:
+            failed = e
+        mode = Path(c.dir).stat().st_mode if failed is None else 0
         if mode & stat.S_IWOTH and not mode & stat.S_ISVTX:
             logger.warning("hpcps: checkpoint.dir %s is writable by every user (mode %o): another user could "
                            "replace or plant checkpoints there; chmod o-w it", c.dir, stat.S_IMODE(mode))
+    failed = ctx.world.bcast(failed, root=0)          # every rank stops alike, before training
+    if failed is not None:
+        raise ValueError(str(failed))
     ckpt = ckpt_mod.Checkpointer(ctx, tables, c.dir, c.keep, c.compression, {"config": cfg.to_dict()},
                                  full_every=c.full_every, dir_mode=dir_mode, file_mode=file_mode)
+    ckpt.lock = lock
     ctx.add_resource(ckpt)
     return ckpt
 
@@ -124,6 +134,7 @@ class CheckpointTrigger:
                 self.stopped = True
             return self.stopped
         ckpt.poll_commit()
+        ckpt.lock.refresh()
         due = bool(c.every_steps) and (step + 1) % c.every_steps == 0
         flags = self._agree(self.lead and c.every_seconds > 0 and time.time() - self.last_time >= c.every_seconds)
         if due or flags.any():
@@ -145,6 +156,12 @@ class CheckpointTrigger:
         if self.last_step != steps and steps > start:       # a finished job takes no new checkpoint
             self.ckpt.checkpoint(steps, model, opt)
         self.ckpt.wait_commit()
+
+    def release(self) -> None:
+        """After the last checkpoint (or a stop's): this job writes no more; let another use the directory."""
+        if self.ckpt is not None:
+            self.ckpt.wait_commit()
+            self.ckpt.lock.release()
 
     def summary(self) -> dict:
         """The final summary's checkpoint fields (worker 0). Local."""

@@ -234,6 +234,7 @@ class Worker:
         if self.bar is not None:
             self.bar.close()
         self.trigger.finish(steps, start, self.model, self.opt)
+        self.trigger.release()
         elapsed = time.perf_counter() - t_start
         done_steps = step + 1 if steps > start else start
         self.ctx.fence(done_steps)                         # every staged gradient is applied

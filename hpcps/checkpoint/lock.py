@@ -1,0 +1,102 @@
+"""One job per checkpoint directory: ``<dir>/LOCK`` names the job that writes there.
+
+Two jobs writing one directory would interleave their checkpoints and prune each other's.
+The job's world rank 0 creates ``LOCK`` (``O_EXCL``, never following a symlink) with its host,
+process, Slurm job and start time, refreshes its time every ``BEAT_S`` while it trains and
+removes it when training is done. A second job finds it and refuses, naming the first, unless
+the lock is stale: its process is gone (same host), it belongs to the same Slurm job (a
+requeue), or it was not refreshed for ``STALE_S``. No MPI here: local.
+"""
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+__all__ = ["DirLock", "STALE_S", "BEAT_S"]
+
+STALE_S, BEAT_S = 120.0, 20.0
+
+
+def _me() -> dict:
+    return {"host": socket.gethostname(), "pid": os.getpid(), "slurm_job": os.environ.get("SLURM_JOB_ID"),
+            "time": time.time()}
+
+
+def _alive(pid) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (ProcessLookupError, ValueError, TypeError):
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class DirLock:
+    """The lock of checkpoint directory ``root``. Local."""
+
+    def __init__(self, root):
+        self.path = Path(root) / "LOCK"
+        self.held = False
+        self._beat = 0.0
+
+    def _holder(self):
+        """``(holder dict or None, seconds since it was refreshed)``, or None when there is no lock."""
+        try:
+            age = time.time() - self.path.lstat().st_mtime
+            holder = json.loads(self.path.read_text()) if not self.path.is_symlink() else None
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            holder = None
+        return (holder if isinstance(holder, dict) else None), age
+
+    def _stale(self, holder, age: float, me: dict) -> bool:
+        if holder is None or age > STALE_S:
+            return True
+        if me["slurm_job"] and holder.get("slurm_job") == me["slurm_job"]:
+            return True                                  # a requeued run of the same Slurm job
+        return holder.get("host") == me["host"] and not _alive(holder.get("pid"))
+
+    def acquire(self) -> None:
+        """Take the lock, or raise ``ValueError`` naming the job that holds it."""
+        me = _me()
+        for _ in range(3):
+            try:
+                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            except FileExistsError:
+                found = self._holder()
+                if found is None:
+                    continue
+                holder, age = found
+                if not self._stale(holder, age, me):
+                    raise ValueError(
+                        f"checkpoint.dir {self.path.parent} is in use by another job: host {holder.get('host')}, "
+                        f"process {holder.get('pid')}, Slurm job {holder.get('slurm_job') or '-'}, started "
+                        f"{time.strftime('%F %T', time.localtime(holder.get('time', 0)))}, alive {age:.0f} s ago "
+                        f"({self.path}); two jobs must not share a checkpoint directory. If that job is gone, "
+                        f"remove {self.path} or wait {STALE_S:.0f} s")
+                self.path.unlink(missing_ok=True)
+                continue
+            with os.fdopen(fd, "w") as f:
+                json.dump(me, f)
+            self.held, self._beat = True, time.monotonic()
+            return
+        raise ValueError(f"could not take {self.path}: other jobs keep taking it")
+
+    def refresh(self) -> None:
+        """Holder: say it is alive, at most every ``BEAT_S``."""
+        if self.held and time.monotonic() - self._beat > BEAT_S:
+            self._beat = time.monotonic()
+            try:
+                os.utime(self.path, follow_symlinks=False)
+            except OSError:
+                pass
+
+    def release(self) -> None:
+        """Holder: remove the lock (training is done). Safe twice."""
+        if self.held:
+            self.held = False
+            self.path.unlink(missing_ok=True)
