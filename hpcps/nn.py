@@ -170,22 +170,30 @@ class ShardedEmbeddingBag(torch.nn.Module):
         self.comm.drain()
         self.push_wait_s += time.perf_counter() - t0
 
-    def _push(self, uniq, grad):
-        t0 = time.perf_counter()
-        self._send(uniq, _host(grad, self.grad_scale), t0)
+    @property
+    def prefetch_pending(self) -> bool:
+        """Whether a prefetch waits for the next forward. Local."""
+        return self._next is not None
 
-    def _send(self, uniq: np.ndarray, g: np.ndarray, t0: float, checked: bool = False) -> None:
+    def push_grad(self, uniq, grad):
+        """The autograd hook's work: push ``grad`` (torch, scaled by ``grad_scale``) of rows ``uniq``.
+        Worker ranks; local."""
+        t0 = time.perf_counter()
+        self.send_grad(uniq, _host(grad, self.grad_scale), t0)
+
+    def send_grad(self, uniq: np.ndarray, g: np.ndarray, t0: float, checked: bool = False) -> None:
         """Push ``g`` (already scaled, float32 host memory) to rows ``uniq``: into the step's
         batch, or on the comm thread; the time since ``t0`` counts as push wait. ``checked``:
-        ``uniq`` and ``g`` passed the push's checks already (``PushBatch.add``)."""
+        ``uniq`` and ``g`` passed the push's checks already (``PushBatch.add``). Worker ranks; local."""
         if self.batch is not None:
             self.batch.add(self.table, uniq, g, checked)
         else:
             self.comm.post(self.table.push, uniq, g)
         self.push_wait_s += time.perf_counter() - t0
 
-    def _lookup(self, ids: torch.Tensor) -> tuple[_Prefetch, np.ndarray]:
-        """The prefetch serving ``ids`` (the one started for them, or a new pull) and its rows."""
+    def lookup(self, ids: torch.Tensor) -> tuple[_Prefetch, np.ndarray]:
+        """The prefetch serving ``ids`` (the one started for them, or a new pull) and its rows. Worker
+        ranks; local."""
         flat = ids.reshape(-1).cpu().numpy()
         p = self._next
         if p is not None and np.array_equal(p.flat, flat):
@@ -199,14 +207,14 @@ class ShardedEmbeddingBag(torch.nn.Module):
     def forward(self, input, offsets=None, per_sample_weights=None):
         """``input``: 2-D ``(bags, bag_size)`` or 1-D with ``offsets``, as ``nn.EmbeddingBag``."""
         ids = torch.as_tensor(input)
-        p, pulled = self._lookup(ids)
+        p, pulled = self.lookup(ids)
         uniq = p.uniq
         rows = torch.from_numpy(pulled)
         if self.device.type != "cpu":
             rows = rows.to(self.device, non_blocking=True)
         weight = rows.requires_grad_(torch.is_grad_enabled())
         if weight.requires_grad:
-            weight.register_hook(lambda grad, uniq=uniq: self._push(uniq, grad))
+            weight.register_hook(lambda grad, uniq=uniq: self.push_grad(uniq, grad))
         local = torch.from_numpy(p.inverse).view(ids.shape).to(self.device)
         if offsets is None and per_sample_weights is None and ids.dim() == 2 and ids.shape[1] == 1:
             # bags of one id (DLRM's categorical features): the bag is the row; a gather's
@@ -339,7 +347,7 @@ class ShardedEmbeddingCollection(torch.nn.Module):
     def _together(self) -> bool:
         """Whether this step's pulls can go in one pass (:meth:`_pull_together`): no bag has a cache
         or a prefetch waiting, and every table's rows are float32 in this node's shared memory."""
-        return all(b.cache is None and b._next is None and b.table.node_local for b in self.bags)
+        return all(b.cache is None and not b.prefetch_pending and b.table.node_local for b in self.bags)
 
     def _bag_ids(self, M: np.ndarray, j: int) -> np.ndarray:
         """Bag ``j``'s rows for keys ``M``: its logical tables' keys, table by table, as rows of its table."""
@@ -401,7 +409,7 @@ class ShardedEmbeddingCollection(torch.nn.Module):
         else:
             M = self._ids.keys(inputs)
             n = M.shape[1]
-            found = [b._lookup(torch.from_numpy(self._bag_ids(M, j))) for j, b in enumerate(self.bags)]
+            found = [b.lookup(torch.from_numpy(self._bag_ids(M, j))) for j, b in enumerate(self.bags)]
             uniqs = [p.uniq for p, _ in found]
             sizes = [u.size for u in uniqs]
             starts = np.cumsum([0] + sizes[:-1]).tolist()
@@ -424,14 +432,14 @@ class ShardedEmbeddingCollection(torch.nn.Module):
         scales = {b.grad_scale for b in self.bags}
         if len(scales) > 1:
             for b, uniq, s, k in zip(self.bags, uniqs, starts, sizes):
-                b._push(uniq, grad[s:s + k])
+                b.push_grad(uniq, grad[s:s + k])
         else:
             t0 = time.perf_counter()
             g = _host(grad, scales.pop())
             # one check of the whole gradient; a non-finite sum leaves the per-table checks to name it
             checked = checked_ids and bool(np.isfinite(g).all())
             for b, uniq, s, k in zip(self.bags, uniqs, starts, sizes):
-                b._send(uniq, g[s:s + k], t0, checked)
+                b.send_grad(uniq, g[s:s + k], t0, checked)
                 t0 = time.perf_counter()
         if self.after_push is not None:
             self.after_push()

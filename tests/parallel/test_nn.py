@@ -187,9 +187,9 @@ def test_table_batched_collection_equals_separate_tables():
         with torch.no_grad():                                  # a prefetch waiting: the per-bag path
             plain = one(ids)
             one.prefetch(ids, 0)
-            assert one.bags[0]._next is not None and not one._together()
+            assert one.bags[0].prefetch_pending and not one._together()
             torch.testing.assert_close(one(ids), plain, rtol=0, atol=0)
-            assert one.bags[0]._next is None                   # the forward used it
+            assert not one.bags[0].prefetch_pending                   # the forward used it
         out, out_sep = one(ids), sep(ids)
         torch.testing.assert_close(out, out_sep, rtol=0, atol=0)
         _push_one_sync_step(ctx, batch, [out, out_sep])
