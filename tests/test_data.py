@@ -178,3 +178,9 @@ def test_criteo_values_over_64_bits_name_file_and_line_or_are_skipped(tmp_path):
         make_data(load_config(None, sets, environ={}).data, 0, 1, 0)
     d = make_data(load_config(None, sets + ["data.skip_bad_lines=true"], environ={}).data, 0, 1, 0)
     assert d.stats["skipped_lines"] == 1
+
+
+@pytest.mark.parametrize("rating", ["1e39", "inf", "nan", "-2e7"])
+def test_ratings_out_of_float32_range_name_the_line(rating):
+    with pytest.raises(ValueError, match="is not a finite number of at most 1e6"):
+        parse_rating(f"1::2::{rating}::0")

@@ -28,8 +28,9 @@ def parse_rating(line: str):
         rating = float(f[2])
     except ValueError:
         raise ValueError(f"rating is not a number: {f[2]!r}") from None
-    if not np.isfinite(rating):
-        raise ValueError(f"rating is not finite: {f[2]!r}")
+    if not np.isfinite(rating) or abs(rating) > 1e6:
+        # 1e39 is finite as a float64 and inf in the float32 the model trains in
+        raise ValueError(f"rating {f[2]!r} is not a finite number of at most 1e6 in magnitude")
     return f[0], f[1], rating
 
 
