@@ -14,6 +14,7 @@ from mpi4py import MPI
 from .. import checkpoint as ckpt_mod
 from ..checkpoint.lock import DirLock
 from ..config import Config, parse_permissions
+from ..core.wait import wait_request
 
 __all__ = ["open_checkpointer", "find_resume", "CheckpointTrigger", "record_start"]
 
@@ -102,8 +103,9 @@ class CheckpointTrigger:
     any worker or PS rank, or a ``STOP`` file). Every decision is agreed over the worker
     communicator from values all workers share (the step and an all-reduce of the flags), never
     from one rank's timing. Without a checkpoint directory a stop request is looked at every
-    ``STOP_EVERY`` steps and ends the job without saving. Local to a worker, its calls collective
-    over the workers."""
+    ``STOP_EVERY`` steps, through a non-blocking all-reduce completed at the next look (nobody
+    waits in it), and ends the job without saving within ``2 x STOP_EVERY`` steps. Local to a
+    worker, its calls collective over the workers."""
 
     STOP_EVERY = 10
 
@@ -112,6 +114,9 @@ class CheckpointTrigger:
         self.control = control          # the step protocol, for a stop asked of a PS rank
         self.last_time, self.last_step, self.stopped = time.time(), start, False
         self._flags = np.zeros(2, np.int64)
+        self._ask = np.zeros(1, np.int64)         # no checkpoint dir: the stop flag in flight
+        self._asked = np.zeros(1, np.int64)
+        self._req = None
 
     def _agree(self, timed: bool) -> np.ndarray:
         """``[stop asked, time for a checkpoint]``, the same on every worker. Collective over the workers."""
@@ -119,6 +124,20 @@ class CheckpointTrigger:
         self._flags[:] = (int(asked), int(timed))
         self.comm.Allreduce(MPI.IN_PLACE, self._flags, op=MPI.MAX)
         return self._flags
+
+    def _poll_stop(self) -> bool:
+        """Without a checkpoint: the stop flags all-reduced at the previous call (complete by now:
+        every worker has started it since, so nobody spins in it), and this call's started. Collective
+        over the workers (the same calls on every worker)."""
+        asked = False
+        if self._req is not None:
+            wait_request(self._req, "the other workers' stop flags")
+            asked, self._req = bool(self._asked[0]), None
+        if not asked:
+            self._ask[0] = int(self.stop.requested() or (self.lead and self.control is not None
+                                                         and self.control.ps_asked_to_stop()))
+            self._req = self.comm.Iallreduce(self._ask, self._asked, op=MPI.MAX)
+        return asked
 
     def after_step(self, step: int, steps: int, model, opt, log) -> bool:
         """After step ``step`` (0-based) of ``steps``: checkpoint if due; True when a stop request
@@ -128,10 +147,11 @@ class CheckpointTrigger:
         if step + 1 >= steps:
             return False
         if ckpt is None:
-            if (step + 1) % self.STOP_EVERY == 0 and self._agree(False)[0]:
-                logger.warning("hpcps: stop requested: stopping after step %d without a checkpoint "
-                               "(no checkpoint.dir: nothing is saved)", step + 1)
-                self.stopped = True
+            if (step + 1) % self.STOP_EVERY == 0:
+                self.stopped = self._poll_stop()
+                if self.stopped:
+                    logger.warning("hpcps: stop requested: stopping after step %d without a checkpoint "
+                                   "(no checkpoint.dir: nothing is saved)", step + 1)
             return self.stopped
         ckpt.poll_commit()
         ckpt.lock.refresh()
@@ -151,6 +171,9 @@ class CheckpointTrigger:
     def finish(self, steps: int, start: int, model, opt) -> None:
         """At the end of training: the final checkpoint (unless a stop request took one, or the job
         had nothing to do), committed. Collective over the worker communicator."""
+        if self._req is not None:                        # a stop poll still in flight ends here
+            wait_request(self._req, "the other workers' stop flags")
+            self._req = None
         if self.ckpt is None or self.stopped:
             return
         if self.last_step != steps and steps > start:       # a finished job takes no new checkpoint
