@@ -79,11 +79,11 @@ def test_stress_stop_requests_at_random_moments_keep_ranks_in_step(tmp_path):
     import subprocess
     import sys
     out = tmp_path / "s.json"
-    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "stress_stop.py"), "--runs", "3", "--hogs", "1",
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "stress_stop.py"), "--runs", "2", "--hogs", "1",
                         "--steps", "150", "--seed", "7", "--dir", str(tmp_path / "d"), "--out", str(out)],
                        capture_output=True, text=True, timeout=900, env=__import__("mpirun").mpi_env())
     res = json.loads(out.read_text())
-    assert r.returncode == 0 and res["runs"] == 3 and res["mismatches"] == 0, r.stdout + r.stderr
+    assert r.returncode == 0 and res["runs"] == 2 and res["mismatches"] == 0, r.stdout + r.stderr
 
 
 def test_bench_e2e_smoke(tmp_path):
