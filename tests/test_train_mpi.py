@@ -223,7 +223,7 @@ def test_malformed_data_fails_with_file_and_line(tmp_path):
     bad = tmp_path / "bad.dat"
     bad.write_text("1::1::5\n2::1::4\noops\n")
     r = _train(3, ["data.format=ratings", "model.kind=mf", f"data.path={bad}", "job.epochs=1",
-                   "data.batch_size=1"], check=False, timeout=60)
+                   "data.batch_size=2"], check=False, timeout=60)
     assert r.returncode != 0
     assert f"{bad}:3: expected 'user item rating" in r.stderr
 
