@@ -118,10 +118,13 @@ class CheckpointTrigger:
         self._asked = np.zeros(1, np.int64)
         self._req = None
 
+    def _asked_here(self) -> bool:
+        """A stop asked of this worker (a signal, the STOP file), or, seen by worker 0, of a PS. Local."""
+        return self.stop.requested() or (self.lead and self.control is not None and self.control.ps_asked_to_stop())
+
     def _agree(self, timed: bool) -> np.ndarray:
         """``[stop asked, time for a checkpoint]``, the same on every worker. Collective over the workers."""
-        asked = self.stop.requested() or (self.lead and self.control is not None and self.control.ps_asked_to_stop())
-        self._flags[:] = (int(asked), int(timed))
+        self._flags[:] = (int(self._asked_here()), int(timed))
         self.comm.Allreduce(MPI.IN_PLACE, self._flags, op=MPI.MAX)
         return self._flags
 
@@ -134,8 +137,7 @@ class CheckpointTrigger:
             wait_request(self._req, "the other workers' stop flags")
             asked, self._req = bool(self._asked[0]), None
         if not asked:
-            self._ask[0] = int(self.stop.requested() or (self.lead and self.control is not None
-                                                         and self.control.ps_asked_to_stop()))
+            self._ask[0] = int(self._asked_here())
             self._req = self.comm.Iallreduce(self._ask, self._asked, op=MPI.MAX)
         return asked
 
