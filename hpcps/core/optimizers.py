@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-_F32_MAX = float(np.finfo(np.float32).max)
+from .settings import F32_MAX as _F32_MAX
 
 __all__ = ["LRSchedule", "SparseOptimizer", "SGD", "Adagrad", "Adam", "make_optimizer"]
 

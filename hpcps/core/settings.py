@@ -1,7 +1,7 @@
 """Names and values that the config, the role split, the tables and the trainer agree on.
 Pure: imports no MPI, so ``hpcps.config`` validates with it before MPI starts. Local."""
 
-__all__ = ["parse_mode", "TRANSPORTS", "ROW_DTYPES", "RMA_READS", "WAIT_POLICIES", "THREAD_LEVELS",
+__all__ = ["F32_MAX", "parse_mode", "TRANSPORTS", "ROW_DTYPES", "RMA_READS", "WAIT_POLICIES", "THREAD_LEVELS",
            "SHARDINGS"]
 
 TRANSPORTS = ("auto", "rma")        # auto: shared memory on the node, RMA across nodes; rma: RMA everywhere
@@ -10,6 +10,7 @@ RMA_READS = ("get_accumulate", "get")               # how a remote pull reads (g
 WAIT_POLICIES = ("auto", "yield", "sleep")          # how a waiting rank waits (hpcps.core.wait)
 THREAD_LEVELS = ("single", "funneled", "serialized", "multiple")    # MPI thread level asked for at start
 SHARDINGS = ("modulo", "range")                     # row placements by name (hpcps.core.sharding)
+F32_MAX = 3.4028234663852886e38                     # the largest float32: rows, lrs and updates stay below it
 
 
 def parse_mode(mode: str) -> tuple[str, int]:

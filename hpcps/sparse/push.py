@@ -18,13 +18,12 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+from ..core.settings import F32_MAX as _F32_MAX
 from .codec import narrow, torch_module, widen
 from .staging import listed
 from .validate import as_grads, as_ids
 
 __all__ = ["PushHandle", "push_many", "push_many_checked", "push_parts"]
-
-_F32_MAX = float(np.finfo(np.float32).max)
 
 
 class PushHandle:
