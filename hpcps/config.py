@@ -20,6 +20,7 @@ if sys.version_info >= (3, 11):
 else:                                    # pragma: no cover
     import tomli as tomllib
 
+from .core.layout import PS_LAYOUTS
 from .core.optimizers import LRSchedule, make_optimizer
 from .core.settings import RMA_READS, ROW_DTYPES, SHARDINGS, THREAD_LEVELS, TRANSPORTS, WAIT_POLICIES, parse_mode
 
@@ -32,7 +33,7 @@ ENV_ALIASES = {"HPCPS_NUM_PS": "job.num_ps", "HPCPS_MODE": "job.mode", "HPCPS_TR
                "HPCPS_WAIT": "job.wait", "HPCPS_RMA_READ": "job.rma_read", "HPCPS_MPI_THREADS": "job.mpi_threads",
                "HPCPS_MALLOC_TUNE": "job.malloc_tune", "HPCPS_STEP_DELAY": "job.step_delay",
                "HPCPS_WORLD_SIZE": "job.world_size", "HPCPS_NCCL_HOST": "model.nccl_host",
-               "HPCPS_PROGRESS_TIMEOUT": "job.progress_timeout"}
+               "HPCPS_PROGRESS_TIMEOUT": "job.progress_timeout", "HPCPS_PS_LAYOUT": "job.ps_layout"}
 
 
 @dataclass
@@ -53,6 +54,7 @@ class JobConfig:
     step_delay: float = 0.0     # seconds each worker sleeps per step (demos and fault tests)
     world_size: int = 0         # when > 0, the MPI world must have exactly this many ranks
     progress_timeout: float = 600.0  # seconds a wait may see no progress before the job ends (0: never)
+    ps_layout: str = "spread"   # which ranks are PS: spread (round robin over nodes) | last (highest ranks)
 
 
 @dataclass
@@ -323,6 +325,7 @@ def validate(cfg: Config) -> None:
            f"must be one of {', '.join(THREAD_LEVELS)}")
     _check(j.step_delay >= 0, "job.step_delay", j.step_delay, "must be >= 0")
     _check(j.world_size >= 0, "job.world_size", j.world_size, "must be >= 0 (0: not checked)")
+    _check(j.ps_layout in PS_LAYOUTS, "job.ps_layout", j.ps_layout, f"must be one of {PS_LAYOUTS}")
     _check(j.progress_timeout >= 0, "job.progress_timeout", j.progress_timeout, "must be >= 0 (0: wait forever)")
     _check(j.steps >= 0 and j.epochs >= 0, "job.steps", j.steps, "steps and epochs must be >= 0")
     _check(j.log_every >= 1, "job.log_every", j.log_every, "must be >= 1")

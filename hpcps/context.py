@@ -14,7 +14,7 @@ from mpi4py import MPI
 
 from .core import malloc as _malloc
 from .core import wait as _wait
-from .core.layout import check_launch, check_num_ps
+from .core.layout import PS_LAYOUTS, check_launch, check_num_ps
 from .core.locks import ShardLocks
 from .core.settings import RMA_READS, TRANSPORTS, WAIT_POLICIES, parse_mode
 from .errors import FreedError, RoleError
@@ -35,7 +35,7 @@ def open_contexts() -> int:
 def init(num_ps: int | None = None, comm: MPI.Comm | None = None, *,
          transport: str | None = None, mode: str | None = None, wait: str | None = None,
          rma_read: str | None = None, world_size: int | None = None, progress_timeout: float | None = None,
-         abort_on_error: bool = True) -> "Context":
+         ps_layout: str | None = None, abort_on_error: bool = True) -> "Context":
     """Split ranks into PS and worker groups. Collective over ``comm`` (default ``MPI.COMM_WORLD``).
 
     num_ps: number of PS ranks; default ``$HPCPS_NUM_PS``, else 1. An explicit
@@ -55,6 +55,9 @@ def init(num_ps: int | None = None, comm: MPI.Comm | None = None, *,
     progress_timeout: seconds a wait may see no progress (a stopped or stuck rank) before it
         raises ``hpcps.errors.StalledError`` naming what it waited for, which ends the job; 0
         waits forever. Default ``$HPCPS_PROGRESS_TIMEOUT``, else 600.
+    ps_layout: which ranks become PS (``hpcps.core.layout.place_ps``): ``"spread"`` (round
+        robin over nodes, highest local ranks first) or ``"last"`` (the highest world ranks:
+        the last node(s) under block placement). Default ``$HPCPS_PS_LAYOUT``, else spread.
     world_size: when given, the world must have exactly this many ranks (default
         ``$HPCPS_WORLD_SIZE``, else not checked).
     abort_on_error: install a ``sys.excepthook`` that calls ``MPI_Abort`` so an
@@ -90,21 +93,24 @@ def init(num_ps: int | None = None, comm: MPI.Comm | None = None, *,
     rma_read = rma_read or os.environ.get("HPCPS_RMA_READ", "get_accumulate")
     if rma_read not in RMA_READS:
         raise ValueError(f"rma_read (HPCPS_RMA_READ) must be one of {RMA_READS}, got {rma_read!r}")
-    seen = world.allgather((num_ps, transport, mode))
+    ps_layout = ps_layout or os.environ.get("HPCPS_PS_LAYOUT", "spread")
+    if ps_layout not in PS_LAYOUTS:
+        raise ValueError(f"ps_layout (HPCPS_PS_LAYOUT) must be one of {PS_LAYOUTS}, got {ps_layout!r}")
+    seen = world.allgather((num_ps, transport, mode, ps_layout))
     if len(set(seen)) != 1:
-        raise ValueError(f"ranks disagree on (num_ps, transport, mode): {sorted(set(seen))}")
+        raise ValueError(f"ranks disagree on (num_ps, transport, mode, ps_layout): {sorted(set(seen))}")
     if abort_on_error:
         abort_on_uncaught(world)
-    return Context(world, num_ps, transport, mode, wait, rma_read)
+    return Context(world, num_ps, transport, mode, wait, rma_read, ps_layout)
 
 
 class Context(Topology):
     """Communicators, roles, step protocol and shard locks of one hpcps job. Made by :func:`init`."""
 
     def __init__(self, world: MPI.Comm, num_ps: int, transport: str, mode: str = "async", wait: str = "auto",
-                 rma_read: str = "get_accumulate"):
+                 rma_read: str = "get_accumulate", ps_layout: str = "spread"):
         global _open
-        super().__init__(world, num_ps, transport, wait)
+        super().__init__(world, num_ps, transport, wait, ps_layout)
         _open += 1
         self.mode = mode
         self.rma_read = rma_read

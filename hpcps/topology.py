@@ -16,7 +16,7 @@ import traceback
 from mpi4py import MPI
 
 from .core import wait as _wait
-from .core.layout import spread_ps
+from .core.layout import place_ps
 
 __all__ = ["Topology", "abort_on_uncaught", "ABORT_GRACE_S"]
 
@@ -59,10 +59,12 @@ class Topology:
     """Communicators, roles and node facts of one job. Collective over ``world`` (it splits it).
 
     ``transport`` (``"auto"`` or ``"rma"``) is kept for the layers above; ``wait``
-    (``hpcps.core.settings.WAIT_POLICIES``) sets this process's wait policy.
+    (``hpcps.core.settings.WAIT_POLICIES``) sets this process's wait policy; ``ps_layout``
+    (``hpcps.core.layout.PS_LAYOUTS``) says which ranks become PS.
     """
 
-    def __init__(self, world: MPI.Comm, num_ps: int, transport: str = "auto", wait: str = "auto"):
+    def __init__(self, world: MPI.Comm, num_ps: int, transport: str = "auto", wait: str = "auto",
+                 ps_layout: str = "spread"):
         self.world = world
         self.transport = transport
         self.node_comm = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
@@ -75,7 +77,8 @@ class Topology:
         self.wait_policy = wait
         node_leader = self.node_comm.bcast(world.Get_rank(), root=0)
         node_of_rank = world.allgather(node_leader)
-        self.ps_world_ranks = spread_ps(node_of_rank, num_ps)
+        self.ps_world_ranks = place_ps(node_of_rank, num_ps, ps_layout)
+        self.node_of_rank = node_of_rank
         self.worker_world_ranks = [r for r in range(world.Get_size()) if r not in set(self.ps_world_ranks)]
         me = world.Get_rank()
         self.is_ps = me in self.ps_world_ranks

@@ -10,6 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAMS = Path(__file__).resolve().parent / "programs"
+CLUSTER = ROOT / "scripts" / "cluster.sh"
 
 
 def mpiexec() -> str:
@@ -25,6 +26,14 @@ def mpiexec() -> str:
     return found
 
 
+def launcher(n: int, hosts: str | None = None) -> list:
+    """``mpiexec -n n``; with ``hosts`` (``"h0:2,h1:1"``) the same on the pretend hosts of the cluster
+    ``$HPCPS_CLUSTER`` (``scripts/cluster.sh``), launched from the first of them."""
+    if hosts is None:
+        return [mpiexec(), "-n", str(n)]
+    return [str(CLUSTER), "mpiexec", hosts, "-n", str(n)]
+
+
 def mpi_env(extra=None) -> dict:
     env = dict(os.environ)
     env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
@@ -33,20 +42,22 @@ def mpi_env(extra=None) -> dict:
     env.pop("HPCPS_NUM_PS", None)
     env.pop("HPCPS_TRANSPORT", None)
     env.pop("HPCPS_MPI_THREADS", None)
+    env["HPCPS_MPIEXEC"] = mpiexec()
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env.update(extra or {})
     return env
 
 
 def run_mpi(n: int, argv, timeout: float = 120, env=None, mpi4py_run: bool = True,
-            check: bool = True, preexec=None) -> subprocess.CompletedProcess:
-    """Run ``mpiexec -n n python [-m mpi4py] argv...``; kill the whole process group on timeout."""
+            check: bool = True, preexec=None, hosts: str | None = None) -> subprocess.CompletedProcess:
+    """Run ``mpiexec -n n python [-m mpi4py] argv...`` (on pretend ``hosts``: see ``launcher``);
+    kill the whole process group on timeout."""
     if isinstance(argv, (str, Path)):
         argv = [argv]
     argv = [str(a) for a in argv]
     if argv[0].endswith(".py") and not os.path.isabs(argv[0]):
         argv[0] = str(PROGRAMS / argv[0])
-    cmd = [mpiexec(), "-n", str(n), sys.executable]
+    cmd = launcher(n, hosts) + [sys.executable]
     if mpi4py_run:
         cmd += ["-m", "mpi4py"]
     cmd += argv
@@ -72,14 +83,14 @@ def run_mpi(n: int, argv, timeout: float = 120, env=None, mpi4py_run: bool = Tru
     return result
 
 
-def launch_mpi(n: int, argv, env=None, tag: str = "") -> subprocess.Popen:
+def launch_mpi(n: int, argv, env=None, tag: str = "", hosts: str | None = None) -> subprocess.Popen:
     """Start ``mpiexec -n n python -m mpi4py argv...`` in its own process group (caller must reap it).
     ``tag`` marks every rank's environment so ``rank_pid`` can find them."""
     argv = [str(a) for a in argv]
     extra = dict(env or {})
     if tag:
         extra["HPCPS_TEST_TAG"] = tag
-    cmd = [mpiexec(), "-n", str(n), sys.executable, "-m", "mpi4py"] + argv
+    cmd = launcher(n, hosts) + [sys.executable, "-m", "mpi4py"] + argv
     started = time.time()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=mpi_env(extra), cwd=ROOT, start_new_session=True)

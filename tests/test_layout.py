@@ -2,7 +2,7 @@ import sys
 
 import pytest
 
-from hpcps.core.layout import check_num_ps, spread_ps
+from hpcps.core.layout import check_num_ps, place_ps, spread_ps
 
 
 def test_layout_imports_no_mpi():
@@ -69,3 +69,19 @@ def test_launch_checks_pass_for_a_whole_world():
     check_launch(4, {"SLURM_STEP_NUM_TASKS": "4", "PMI_SIZE": "4", "HPCPS_WORLD_SIZE": "4"})
     check_launch(4, {"SLURM_STEP_NUM_TASKS": "1"})      # mpiexec in an allocation: one proxy per node
     check_launch(1, {})
+
+
+def test_ps_layout_last_takes_the_highest_ranks_and_names_bad_layouts():
+    nodes = [0, 0, 1, 1, 2]
+    assert place_ps(nodes, 2, "last") == [3, 4]
+    assert place_ps(nodes, 2, "spread") == spread_ps(nodes, 2) == [1, 3]
+    with pytest.raises(ValueError, match="ps_layout must be one of"):
+        place_ps(nodes, 1, "first")
+
+
+def test_the_layout_line_names_hosts_ps_and_how_each_worker_reads():
+    from hpcps.train.layout import layout_line     # pure: the gathering is not called here
+    line = layout_line({"hosts": 2, "host_names": ["a", "b"], "ranks_per_host": [3, 1], "ps_per_host": [1, 1],
+                        "dense": "mpi", "workers": [{"shm_ps": [0], "rma_ps": [1]}, {"shm_ps": [0], "rma_ps": [1]}]})
+    assert line == ("2 hosts (a: 3 ranks, 1 PS; b: 1 rank, 1 PS); workers 0,1: PS 0 by shared memory, "
+                    "PS 1 over RMA; dense all-reduce: mpi")

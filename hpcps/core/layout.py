@@ -1,13 +1,17 @@
 """Which world ranks become parameter servers. Pure: imports no MPI.
 
-PS ranks are spread round-robin over nodes so that a multi-node job does not
-stack every PS on node 0. On each node the highest local ranks are taken
-first, so world rank 0 stays a worker (worker 0 logs and prints results).
+By default (``spread``) PS ranks are spread round-robin over nodes so that a
+multi-node job does not stack every PS on node 0. On each node the highest
+local ranks are taken first, so world rank 0 stays a worker (worker 0 logs and
+prints results). ``last`` takes the highest world ranks: with ranks placed in
+blocks, that puts the PS on the last node(s) of the job, away from the workers.
 """
 
 from collections.abc import Sequence
 
-__all__ = ["check_num_ps", "check_launch", "spread_ps"]
+__all__ = ["check_num_ps", "check_launch", "spread_ps", "place_ps", "PS_LAYOUTS"]
+
+PS_LAYOUTS = ("spread", "last")   # config key job.ps_layout
 
 # Variables in which launchers tell each process how many tasks they started.
 # (Under ``mpiexec`` inside a Slurm allocation, SLURM_STEP_NUM_TASKS counts the launcher's own
@@ -74,3 +78,13 @@ def spread_ps(node_of_rank: Sequence[int], num_ps: int) -> list[int]:
             if stack and len(chosen) < num_ps:
                 chosen.append(stack.pop())
     return sorted(chosen)
+
+
+def place_ps(node_of_rank: Sequence[int], num_ps: int, how: str = "spread") -> list[int]:
+    """World ranks chosen as PS, ascending, by ``how`` (one of ``PS_LAYOUTS``). Local, pure."""
+    if how == "spread":
+        return spread_ps(node_of_rank, num_ps)
+    if how == "last":
+        num_ps = check_num_ps(num_ps, len(node_of_rank))
+        return list(range(len(node_of_rank) - num_ps, len(node_of_rank)))
+    raise ValueError(f"ps_layout must be one of {PS_LAYOUTS}, got {how!r}")

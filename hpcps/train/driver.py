@@ -21,6 +21,7 @@ from ..data.loader import supported as loader_supported
 from ..nn import IdPlan
 from ..stopping import StopRequest
 from .build import make_tables, pipeline_switches, total_steps
+from .layout import backend_name, gather_layout, layout_line
 from .recovery import find_resume, open_checkpointer, record_start
 from .telemetry import peak_rss
 from .worker import Worker
@@ -47,13 +48,15 @@ def train(cfg: Config) -> dict | None:
         raise ValueError(f"config: data.batch_size = {cfg.data.batch_size}: smaller than the {workers} workers "
                          f"(each worker takes a slice of the global batch): use at least {workers}")
     with init(num_ps=j.num_ps, transport=j.transport, mode=j.mode, wait=j.wait, rma_read=j.rma_read,
-              world_size=j.world_size or None, progress_timeout=j.progress_timeout) as ctx:
+              world_size=j.world_size or None, progress_timeout=j.progress_timeout,
+              ps_layout=j.ps_layout) as ctx:
         # torch's default (every CPU, per rank) oversubscribes a node that runs several ranks
         torch.set_num_threads(cfg.model.threads or max(1, ctx.node_cpus // ctx.node_comm.Get_size()))
         data = make_data(cfg.data, j.seed, ctx.num_workers, max(ctx.worker_rank, 0))
         steps = total_steps(cfg, data)
         pipe = pipeline_switches(cfg, ctx)
         tables = make_tables(cfg, ctx, data, steps, pipe)
+        layout = gather_layout(ctx, tables)            # on the first worker
         stop = StopRequest(cfg.checkpoint.dir)
         if ctx.is_ps:                                  # a signal to a PS alone: the workers see it
             ctx.add_service_hook(lambda: stop.flag and ctx.control.note_stop())
@@ -77,9 +80,13 @@ def train(cfg: Config) -> dict | None:
             loader = _loader(cfg, ctx, data, start, steps, tables)
             with loader or contextlib.nullcontext():
                 worker = Worker(cfg, ctx, data, tables, steps, start, resume_from, ckpt, stop, pipe, loader)
+                if layout is not None:
+                    layout["dense"] = backend_name(worker.dense)
+                    logger.warning("hpcps: layout: %s", layout_line(layout))
                 summary, log = worker.run()
             if summary is not None:
                 summary["restore_s"] = restore_s
+                summary["layout"] = layout
         first_worker = ctx.worker_world_ranks[0]
         is_ps = ctx.is_ps
     # memory: every rank's peak resident set against the table bytes (rows + optimizer state) its

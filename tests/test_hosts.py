@@ -1,0 +1,191 @@
+"""Multi-host: the programs and the trainer on pretend hosts (``scripts/cluster.sh``). Each host has
+its own network, hostname, IPC namespace and /dev/shm, so MPI sees separate nodes, and ranks on
+different hosts reach each other over TCP only. Needs root (CI runs as root)."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hpcps.checkpoint import store
+from hpcps.config import load_config
+from hpcps.reference import train_reference
+from mpirun import CLUSTER, ROOT, launch_mpi, reap, run_mpi
+
+TINY = ROOT / "tests" / "configs" / "tiny_ctr.toml"
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="pretend hosts need root (network namespaces)")
+
+
+def _cluster(*args, check=True):
+    return subprocess.run([str(CLUSTER), *args], capture_output=True, text=True, timeout=60, check=check)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cluster():
+    """Three pretend hosts h0, h1, h2 for this module; nothing of them is left afterwards."""
+    name = f"t{os.getpid() % 1000000}"
+    old = os.environ.get("HPCPS_CLUSTER")
+    os.environ["HPCPS_CLUSTER"] = name
+    try:
+        _cluster("up", "3")
+        yield name
+    finally:
+        _cluster("down", "--force", check=False)
+        if old is None:
+            del os.environ["HPCPS_CLUSTER"]
+        else:
+            os.environ["HPCPS_CLUSTER"] = old
+    assert not [n for n in os.listdir("/run/netns") if n.startswith(f"{name}-")]
+    assert not Path(f"/sys/class/net/{name}br").exists()
+
+
+def _final(stdout):
+    lines = [json.loads(line) for line in stdout.splitlines() if line.startswith('{"final"')]
+    assert len(lines) == 1, stdout
+    return lines[0]["final"]
+
+
+def _train(n, hosts, sets, timeout=240, **kw):
+    return run_mpi(n, ["-m", "hpcps", "train", "--config", TINY, "--set", *sets], timeout=timeout,
+                   hosts=hosts, **kw)
+
+
+def _assert_close_to_reference(npz, sets):
+    got = np.load(npz)
+    ref = train_reference(load_config(TINY, sets, environ={}))
+    assert set(got.files) == set(ref)
+    for k, want in ref.items():
+        np.testing.assert_allclose(got[k], want, rtol=1e-4, atol=5e-5, err_msg=k)
+
+
+def test_hosts_are_separate_nodes_to_mpi():
+    r = run_mpi(3, ["-c", "from mpi4py import MPI; import socket, sys; c = MPI.COMM_WORLD; sys.stdout.write("
+                    "f'RANK {c.rank} {socket.gethostname()} {c.Split_type(MPI.COMM_TYPE_SHARED).size}\\n')"],
+                mpi4py_run=False, hosts="h0:1,h1:2")
+    assert sorted(re.findall(r"RANK (\d) (h\d) (\d)", r.stdout)) == [("0", "h0", "1"), ("1", "h1", "2"),
+                                                                     ("2", "h1", "2")]
+
+
+@pytest.mark.parametrize("stateful", [False, True], ids=["plain", "staged"])
+def test_concurrent_pushes_to_a_local_and_a_remote_ps_lose_no_update(stateful):
+    # 2 PS spread over 2 hosts (ranks 2 on h0, 4 on h1): every worker has one PS on its host
+    # (shared memory) and one on the other (RMA over TCP)
+    r = run_mpi(5, ["concurrent_push.py", 2, "auto", 60] + (["stateful"] if stateful else []),
+                hosts="h0:3,h1:2", timeout=240)
+    sums = re.findall(r"OK worker \d+ hot-row sum (\d+)", r.stdout)
+    assert len(sums) == 3 and len(set(sums)) == 1 and int(sums[0]) > 60 * 3 * 2, r.stdout
+
+
+OPTIMIZERS = [["optimizer.sparse.name=sgd", "optimizer.sparse.lr=0.2"],
+              ["optimizer.sparse.name=momentum", "optimizer.sparse.lr=0.2"],
+              ["optimizer.sparse.name=adagrad", "optimizer.sparse.eps=1e-3"],
+              ["optimizer.sparse.name=rowwise_adagrad", "optimizer.sparse.lr=0.2"],
+              ["optimizer.sparse.name=adam", "optimizer.sparse.lr=0.05"]]
+
+
+@pytest.mark.parametrize("opt", OPTIMIZERS, ids=lambda o: o[0].split("=")[1])
+def test_sync_with_the_ps_on_another_host_equals_one_process(tmp_path, opt):
+    sets = opt + ["job.ps_layout=last", f"job.export={tmp_path / 'w.npz'}"]
+    f = _final(_train(3, "h0:2,h1:1", sets).stdout)
+    lay = f["layout"]
+    assert lay["hosts"] == 2 and lay["ps_per_host"] == [0, 1] and lay["ranks_per_host"] == [2, 1]
+    assert all(w["shm_ps"] == [] and w["rma_ps"] == [0] for w in lay["workers"])
+    _assert_close_to_reference(tmp_path / "w.npz", sets)
+
+
+def test_ps_and_workers_spread_over_hosts_with_the_dense_all_reduce_across_them(tmp_path):
+    sets = ["optimizer.sparse.name=adam", "optimizer.sparse.lr=0.05", "job.num_ps=2",
+            f"job.export={tmp_path / 'w.npz'}"]
+    r = _train(4, "h0:2,h1:2", sets)
+    lay = _final(r.stdout)["layout"]
+    assert lay["ps_per_host"] == [1, 1] and lay["dense"] == "mpi"      # workers on 2 hosts: not shm
+    assert [(w["host"], w["shm_ps"], w["rma_ps"]) for w in lay["workers"]] == [(0, [0], [1]), (1, [1], [0])]
+    assert "layout: 2 hosts (h0: 2 ranks, 1 PS; h1: 2 ranks, 1 PS)" in r.stderr
+    _assert_close_to_reference(tmp_path / "w.npz", sets)
+
+
+def test_demo_verifies_every_update_across_hosts():
+    r = run_mpi(5, ["-m", "hpcps", "demo", "--rows", "20000", "--batch", "512", "--steps", "20",
+                    "--num-ps", "2"], hosts="h0:2,h1:2,h2:1")
+    demo = json.loads([line for line in r.stdout.splitlines() if line.startswith('{"demo"')][0])["demo"]
+    assert demo["verified"] and demo["pushes_applied"] == 3 * 20 * 512
+
+
+def _pids_on(host: str) -> list[int]:
+    ino = os.stat(f"/run/netns/{os.environ['HPCPS_CLUSTER']}-{host}").st_ino
+    mine = []
+    for d in os.listdir("/proc"):
+        try:
+            if d.isdigit() and os.readlink(f"/proc/{d}/ns/net") == f"net:[{ino}]":
+                mine.append(int(d))
+        except OSError:
+            continue
+    return mine
+
+
+def test_a_host_lost_then_a_restart_on_fewer_hosts_equals_a_straight_run(tmp_path):
+    """Checkpoints from 3 hosts go to one shared directory; every process of one host is killed
+    (-9) mid-run; the same job restarted on 2 hosts, with another PS count, ends where a straight
+    run does."""
+    ck = tmp_path / "ck"
+    sets = ["optimizer.sparse.name=adam", "optimizer.sparse.lr=0.05", f"checkpoint.dir={ck}",
+            "checkpoint.every_steps=3", f"job.export={tmp_path / 'w.npz'}", "job.num_ps=2"]
+    proc = launch_mpi(5, ["-m", "hpcps", "train", "--config", TINY, "--set", *sets],
+                      env={"HPCPS_STEP_DELAY": "0.1"}, hosts="h0:2,h1:2,h2:1")
+    deadline = time.time() + 120
+    while time.time() < deadline and not store.list_checkpoints(ck) and proc.poll() is None:
+        time.sleep(0.05)
+    assert store.list_checkpoints(ck), "no checkpoint before the deadline"
+    victims = _pids_on("h1")
+    assert victims
+    for pid in victims:
+        os.kill(pid, signal.SIGKILL)
+    code, out, err = reap(proc, timeout=120)
+    assert code != 0 and not (tmp_path / "w.npz").exists(), out + err
+    manifests = [store.read_manifest(c) for c in store.list_checkpoints(ck)]
+    assert {m["num_ps"] for m in manifests} == {2}
+    r = _train(3, "h0:1,h1:2", sets[:-1] + ["job.num_ps=1"])
+    f = _final(r.stdout)
+    assert 0 < f["start_step"] < 30 and f["layout"]["hosts"] == 2 and f["num_ps"] == 1
+    _assert_close_to_reference(tmp_path / "w.npz", sets)
+
+
+def _leftovers(name: str) -> list[str]:
+    found = [f"/run/netns/{n}" for n in os.listdir("/run/netns") if n.startswith(f"{name}-")]
+    found += [p for p in (f"/sys/class/net/{name}br", f"/run/hpcps-cluster/{name}") if Path(p).exists()]
+    found += [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if f"hpcps-cluster/{name}" in line]
+    return found
+
+
+def test_cluster_tool_undoes_a_failed_up_and_refuses_down_while_processes_run():
+    name = f"u{os.getpid() % 1000000}"
+    env = dict(os.environ, HPCPS_CLUSTER=name)
+
+    def tool(*args, net=None):
+        e = dict(env, HPCPS_CLUSTER_NET=net) if net else env
+        return subprocess.run([str(CLUSTER), *args], capture_output=True, text=True, timeout=60, env=e)
+
+    bad = tool("up", "2", net="10.213.999")    # fails half-way: no such address
+    assert bad.returncode != 0 and "undoing" in bad.stderr and not _leftovers(name), bad.stderr
+    assert tool("up", "0").returncode == 2
+    assert tool("up", "2", "--split-cpus").returncode == 0
+    try:
+        assert "already up" in tool("up", "2").stderr
+        sleeper = subprocess.Popen([str(CLUSTER), "exec", "h1", "sleep", "60"], env=env)
+        deadline = time.time() + 10
+        while "processes=1" not in tool("status").stdout.splitlines()[1] and time.time() < deadline:
+            time.sleep(0.1)
+        refused = tool("down")
+        assert refused.returncode == 2 and "h1:" in refused.stderr and _leftovers(name)
+        assert tool("down", "--force").returncode == 0
+        assert sleeper.wait(timeout=10) != 0
+    finally:
+        tool("down", "--force")
+    assert not _leftovers(name)
