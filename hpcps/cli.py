@@ -13,7 +13,7 @@ from .errors import HpcpsError
 __all__ = ["main"]
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
-BENCHES = ("e2e", "sparse_grid", "scaling", "checkpoint", "dtype")   # bench_sparse.py runs under mpiexec itself
+BENCHES = ("e2e", "sparse_grid", "scaling", "checkpoint", "dtype", "hosts")   # bench_sparse.py runs under mpiexec itself
 
 
 def _setup_logging(level: str) -> None:
@@ -205,6 +205,8 @@ def main(argv=None) -> int:
         for name in ("rows", "dim", "batch", "steps"):
             if getattr(args, name) < 1:
                 _parser().error(f"--{name} must be >= 1")
+        if args.zipf != 0 and not args.zipf > 1:
+            _parser().error(f"--zipf must be > 1, or 0 for uniform ids, got {args.zipf}")
         from mpi4py import MPI
         summary, e = _run_collective(run_demo, args.rows, args.dim, args.batch, args.steps, args.num_ps,
                                      args.transport, args.seed, args.zipf)

@@ -24,7 +24,15 @@ def _pick(path) -> Path:
     return found
 
 
+def _exists(path) -> None:
+    if not Path(path).exists():
+        raise ValueError(f"{path}: no such file or directory")
+
+
 def ls(root) -> int:
+    _exists(root)
+    if not Path(root).is_dir():
+        raise ValueError(f"{root}: not a directory (ckpt ls lists a checkpoint directory)")
     rows = store.list_checkpoints(root)
     if not rows:
         print(f"no checkpoints in {root}")
@@ -71,6 +79,7 @@ def _deep(p: Path, max_abs: float) -> str:
 
 def verify_cmd(path, deep: bool = False, max_abs: float = 1e6) -> int:
     p = Path(path)
+    _exists(p)
     targets = [p] if (p / store.MANIFEST).exists() else store.list_checkpoints(p)
     if not targets:
         print(f"no checkpoints at {path}")
