@@ -48,7 +48,7 @@ def run(config, variant, steps, ranks, transport, tmp):
     return {"pull_dtype": pull, "push_dtype": push, "auc": final["auc"], "logloss": final["logloss"],
             "planted_auc": final.get("planted_auc"), "samples_per_s": final["samples_per_s"],
             "bytes_per_step": sum(last["bytes_per_ps"]) / last["step"],
-            "push_inbox_full": final.get("pipeline", {}).get("push_inbox_full", 0)}
+            "push_mailbox_full": final.get("pipeline", {}).get("push_mailbox_full", 0)}
 
 
 def variants(text: str) -> list[str]:
@@ -84,8 +84,8 @@ def main():
         print(f"  {v:9s} (pull {r['pull_dtype']:8s} push {r['push_dtype']:8s}) AUC {r['auc']:.4f} "
               f"({r['auc_minus_float32']:+.4f})  {r['samples_per_s']:9.0f} samples/s "
               f"({r['samples_per_s_vs_float32']:.2f}x)  {r['bytes_per_step'] / 1e3:7.1f} kB/step "
-              f"({r['bytes_vs_float32']:.2f}x)" + (f"  inbox full {r['push_inbox_full']}x"
-                                                  if r["push_inbox_full"] else ""))
+              f"({r['bytes_vs_float32']:.2f}x)" + (f"  mailbox full {r['push_mailbox_full']}x"
+                                                  if r["push_mailbox_full"] else ""))
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(report, indent=1))
     print(f"  wrote {a.out}")

@@ -52,7 +52,7 @@ def final(stdout):
     return [json.loads(line) for line in stdout.splitlines() if line.startswith('{"final"')][-1]["final"]
 
 
-def bench_hpcps(config, steps, warmup, ranks, tmp, extra=(), env=None):
+def bench_hpcps(config, steps, warmup, ranks, tmp, extra=(), env=None, hosts=None):
     """hpcps train; the rate from worker 0's metrics records between step ``warmup`` and the end.
     Records every gcd(warmup, steps) steps (every 30 for the defaults), not every step: the RPC
     PS and the single process write nothing per step either."""
@@ -61,12 +61,27 @@ def bench_hpcps(config, steps, warmup, ranks, tmp, extra=(), env=None):
             f"metrics.path={metrics}", f"job.log_every={math.gcd(warmup, steps)}", "job.eval_every=0",
             "data.eval_samples=1000",
             f"job.steps={steps}", *extra]
-    full = final(run_mpi(ranks, base, timeout=1200, env=env).stdout)
-    times = {r["step"]: r["time"] for r in map(json.loads, metrics.read_text().splitlines()) if "step" in r}
+    full = final(run_mpi(ranks, base, timeout=1200, env=env, hosts=hosts).stdout)
+    records = [r for r in map(json.loads, metrics.read_text().splitlines()) if "step" in r]
+    times = {r["step"]: r["time"] for r in records}
+    after = [r for r in records if r["step"] > warmup]
+    prev = {r["step"]: p["step"] for p, r in zip(records, records[1:])}
+    byte = {r["step"]: r["bytes_per_ps"] for r in records}          # cumulative counts
     B = round(full["samples_per_s"] * full["elapsed_s"] / max(full["steps"], 1))
     elapsed = times[steps] - times[warmup]
     return {"samples_per_s": (steps - warmup) * B / elapsed, "elapsed_s": elapsed, "steps": steps - warmup,
-            "auc": full["auc"], "whole_loop_samples_per_s": full["samples_per_s"]}
+            "auc": full["auc"], "whole_loop_samples_per_s": full["samples_per_s"],
+            "pull_ms": _median([r["pull_ms"] for r in after]), "push_ms": _median([r["push_ms"] for r in after]),
+            "bytes_per_step": _median([(sum(r["bytes_per_ps"]) - sum(byte[prev[r["step"]]])) / (r["step"] - prev[r["step"]])
+                                       for r in after]),
+            "phase_ms": {k: _median([1e3 * r["time_breakdown_s"][k] / (r["step"] - prev[r["step"]]) for r in after])
+                         for k in records[-1]["time_breakdown_s"]},
+            "layout": full.get("layout")}
+
+
+def _median(xs):
+    xs = sorted(xs)
+    return (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2 if xs else None
 
 
 def bench_single(config, steps, warmup):

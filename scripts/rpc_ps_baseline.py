@@ -43,8 +43,8 @@ class _Pulled(torch.nn.Module):
         return self.rows[self.inverse].view(ids.shape[0], -1, self.rows.shape[1]).sum(1)
 
 
-def run(rank: int, world: int, config: str, steps: int, warmup: int, port: int, result):
-    """One process of the baseline (torch.multiprocessing.spawn target)."""
+def run(rank: int, world: int, config: str, steps: int, warmup: int, port: int, result, master: str = "127.0.0.1"):
+    """One process of the baseline (torch.multiprocessing.spawn target; ``master``: rank 0's address)."""
     torch.set_num_threads(1)
     import torch.distributed as dist
     import torch.distributed.rpc as rpc
@@ -66,11 +66,11 @@ def run(rank: int, world: int, config: str, steps: int, warmup: int, port: int, 
         _PS.update(tables=[torch.from_numpy(initial_rows(cfg.job.seed, n, np.arange(r), d, s)) for n, r, d, s in specs],
                    lock=threading.Lock(), lr=opt.lr, eps=opt.eps)
         _PS["state"] = [torch.full_like(t, opt.initial_accumulator_value) for t in _PS["tables"]]
-    opts = rpc.TensorPipeRpcBackendOptions(num_worker_threads=16, init_method=f"tcp://127.0.0.1:{port}",
+    opts = rpc.TensorPipeRpcBackendOptions(num_worker_threads=16, init_method=f"tcp://{master}:{port}",
                                            rpc_timeout=600)
     rpc.init_rpc("ps" if is_ps else f"worker{rank}", rank=rank, world_size=world, rpc_backend_options=opts)
     if not is_ps:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port + 1}", rank=rank, world_size=W)
+        dist.init_process_group("gloo", init_method=f"tcp://{master}:{port + 1}", rank=rank, world_size=W)
         torch.manual_seed(cfg.job.seed)
         embs = [_Pulled() for _ in specs]
         model = build_model(cfg, embs, data)
@@ -104,7 +104,7 @@ def run(rank: int, world: int, config: str, steps: int, warmup: int, port: int, 
             fut.wait()
             dist.barrier()          # every push of this step is applied before the next pull
         elapsed = time.perf_counter() - t0
-        if rank == 0:
+        if rank == 0 and result is not None:
             result.put({"samples_per_s": (steps - warmup) * B / elapsed, "elapsed_s": elapsed,
                         "steps": steps - warmup, "loss_last": float(loss.detach()) * W})
         dist.destroy_process_group()
@@ -120,3 +120,21 @@ def main(config: str, steps: int, warmup: int, ranks: int, port: int = 29611) ->
     mp.start_processes(run, args=(ranks, config, steps, warmup, port, q), nprocs=ranks, join=True,
                        start_method="spawn")
     return q.get()
+
+
+class _Print:
+    def put(self, figures):
+        print(json.dumps({"rpc": figures}), flush=True)
+
+
+if __name__ == "__main__":
+    # one process per rank, started by an MPI launcher (only for its rank and size: no MPI is used),
+    # e.g. across pretend hosts: scripts/cluster.sh mpiexec h0:2,h1:1 -n 3 python scripts/rpc_ps_baseline.py
+    #   CONFIG STEPS WARMUP MASTER  (MASTER: rank 0's host; the last rank is the PS; rank 0 prints JSON)
+    import json
+    import sys
+    env = os.environ
+    rank = int(env.get("PMI_RANK", env.get("OMPI_COMM_WORLD_RANK", "0")))
+    world = int(env.get("PMI_SIZE", env.get("OMPI_COMM_WORLD_SIZE", "1")))
+    config, steps, warmup, master = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    run(rank, world, config, steps, warmup, 29611, _Print(), master)

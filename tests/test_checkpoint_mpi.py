@@ -143,7 +143,7 @@ def test_disk_full_is_a_clear_error_and_keeps_the_previous_checkpoint(tmp_path):
     ck = tmp_path / "ck"
     ck.mkdir()
     # a filesystem with room for one checkpoint of this job but not two (CI runs as root)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=150k", "tmpfs", str(ck)], check=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=240k", "tmpfs", str(ck)], check=True)
     try:
         _train(4, [f"checkpoint.dir={ck}", "job.steps=10"])
         before = store.step_dir(ck, 10)

@@ -142,5 +142,5 @@ def test_bench_dtype_smoke(tmp_path):
     assert set(r) == {"float32", "pull_bf16", "both_fp16"} and all(0 < v["auc"] <= 1 for v in r.values())
     assert (r["both_fp16"]["pull_dtype"], r["both_fp16"]["push_dtype"]) == ("float16", "float16")
     assert 0.5 < r["pull_bf16"]["bytes_vs_float32"] < 1         # pulls are half the bytes, pushes are not
-    assert r["both_fp16"]["push_inbox_full"] == 0               # over RMA every push went through the inbox:
+    assert r["both_fp16"]["push_mailbox_full"] == 0               # over RMA every push went through the mailbox:
     assert abs(r["both_fp16"]["bytes_vs_float32"] - 0.5) < 1e-9  # half the bytes both ways

@@ -79,7 +79,7 @@ def test_failing_rank_ends_the_job_promptly(via_mpi4py):
     ("0", 3, "num_ps must be >= 1, got 0"),
     ("3", 3, "num_ps=3 leaves no worker rank in a world of 3 ranks"),
     ("-2", 2, "num_ps must be >= 1"),
-    ("mismatch", 3, "ranks disagree on (num_ps, transport, mode)"),
+    ("mismatch", 3, "ranks disagree on (num_ps, transport, mode, ps_layout)"),
 ])
 def test_impossible_layout_fails_on_every_rank(arg, n, msg):
     r = run_mpi(n, ["init_errors.py", arg], timeout=60)
@@ -112,15 +112,15 @@ def test_16_bit_pulls_are_the_rounded_rows_and_follow_updates(n, num_ps, transpo
     assert r.stdout.count("OK worker") == 2
 
 
-@pytest.mark.parametrize("n,num_ps,transport,dtype,inbox", [(3, 1, "rma", "bfloat16", None),
-                                                            (3, 1, "auto", "float16", None),
-                                                            (4, 2, "rma", "float16", None),
-                                                            (4, 2, "auto", "bfloat16", None),
-                                                            (3, 1, "rma", "bfloat16", 100)])
-def test_16_bit_pushes_apply_the_rounded_row_sums(n, num_ps, transport, dtype, inbox):
-    r = run_mpi(n, ["half_push.py", num_ps, transport, dtype] + ([inbox] if inbox else []), timeout=120)
+@pytest.mark.parametrize("n,num_ps,transport,dtype,slot", [(3, 1, "rma", "bfloat16", None),
+                                                           (3, 1, "auto", "float16", None),
+                                                           (4, 2, "rma", "float16", None),
+                                                           (4, 2, "auto", "bfloat16", None),
+                                                           (3, 1, "rma", "bfloat16", 50)])
+def test_16_bit_pushes_apply_the_rounded_row_sums(n, num_ps, transport, dtype, slot):
+    r = run_mpi(n, ["half_push.py", num_ps, transport, dtype] + ([slot] if slot else []), timeout=120)
     assert r.stdout.count("OK worker") == 2
-    if inbox:       # a 100-row inbox cannot take both workers' pushes: some went as float32, still exact
+    if slot:        # a 50-row mailbox slot cannot take a push of ~80 rows: those went as float32, still exact
         assert sum(int(line.split()[-1]) for line in r.stdout.splitlines() if "OK worker" in line) > 0
 
 

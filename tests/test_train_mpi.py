@@ -140,7 +140,7 @@ def test_async_converges_like_sync():
     # rows pulled and gradients pushed as bfloat16, over RMA (all through the PS's push inbox):
     # same learning, to AUC noise
     pipe = res["bf16"]["pipeline"]
-    assert (pipe["pull_dtype"], pipe["push_dtype"], pipe["push_inbox_full"]) == ("bfloat16", "bfloat16", 0), pipe
+    assert (pipe["pull_dtype"], pipe["push_dtype"], pipe["push_mailbox_full"]) == ("bfloat16", "bfloat16", 0), pipe
     assert abs(res["bf16"]["auc"] - res["sync"]["auc"]) < 0.01, (res["bf16"]["auc"], res["sync"]["auc"])
 
 

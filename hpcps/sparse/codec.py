@@ -1,11 +1,11 @@
-"""16-bit rows and gradients: the codec, the PS's 16-bit copy of its rows, and the push inbox.
+"""16-bit rows and gradients: the codec and the PS's 16-bit copy of its rows.
 
 ``pull_dtype`` bfloat16/float16: the PS keeps a 16-bit copy of its rows (rounded to
 nearest even) next to the float32 ones, refreshed whenever it applies an update;
 pulls read that copy (:class:`HalfCopy`). ``push_dtype`` bfloat16/float16: a
 worker rounds each row's summed gradient to 16 bits; to a PS on another node the
-rows travel in 16 bits into its push inbox (:class:`PushInbox`, ``MPI_Put``: MPI
-has no usable 16-bit float sum), which the PS drains and widens before it applies.
+rows travel in 16 bits into its push mailbox (:mod:`hpcps.sparse.mailbox`, ``MPI_Put``:
+MPI has no usable 16-bit float sum), which the PS drains and widens before it applies.
 """
 
 import numpy as np
@@ -13,11 +13,7 @@ from mpi4py import MPI
 
 from ..core.window import Window
 
-__all__ = ["narrow", "widen", "HalfCopy", "PushInbox", "PUSH_INBOX_ROWS"]
-
-# push inbox (16-bit push_dtype, remote PS): up to this many rows a PS has not drained yet; a push
-# that would overflow it goes as float32 by MPI_Accumulate (the same rounded values, twice the bytes)
-PUSH_INBOX_ROWS = 1 << 16
+__all__ = ["narrow", "widen", "HalfCopy"]
 _CHUNK_ROWS = 1 << 14
 
 _torch = None
@@ -76,66 +72,4 @@ class HalfCopy:
             return
         self.views = [None] * len(self.views)
         self.rowtype.Free()
-        self.window.free()
-
-
-class PushInbox:
-    """A PS's inbox of 16-bit pushes from other nodes. Collective over the world (allocates a window).
-
-    Layout: int64 rows waiting, then int64 rows[cap], then uint16 grads[cap, dim].
-    """
-
-    def __init__(self, ctx, local_rows: int, dim: int, dtype: str, what: str):
-        self.dtype, self.dim = dtype, dim
-        # a step of sync pushes fits when each worker's rows fit in the shard
-        self.cap = min(ctx.num_workers * local_rows, PUSH_INBOX_ROWS) if ctx.is_ps else 0
-        cap = ctx.world.allgather(self.cap)
-        self.caps = [cap[r] for r in ctx.ps_world_ranks]
-        nbytes = 8 + 8 * self.cap + -(-self.cap * 2 * dim // 8) * 8 if ctx.is_ps else 0
-        self.window = Window(ctx.world, nbytes, what=f"{what} {dtype} push inbox")
-        if ctx.is_ps:
-            self.window.local(np.int64)[:1] = 0
-            self.window.sync()
-
-    @property
-    def nbytes(self) -> int:
-        return self.window.nbytes
-
-    def put(self, p: int, rank: int, uniq: np.ndarray, half: np.ndarray) -> bool:
-        """Worker holding PS ``p``'s shard lock: append rows ``uniq`` and their 16-bit gradients to
-        its inbox, complete on return; False, and nothing written, when they do not fit. Local."""
-        win, cap, k = self.window.win, self.caps[p], uniq.size
-        count = np.empty(1, np.int64)
-        win.Get([count, MPI.INT64_T], rank, (0, 1, MPI.INT64_T))
-        win.Flush(rank)
-        n = int(count[0])
-        if n + k > cap:
-            return False
-        rows = np.ascontiguousarray(uniq, dtype=np.int64)
-        half = np.ascontiguousarray(half)
-        win.Put([rows, MPI.INT64_T], rank, (8 + 8 * n, k, MPI.INT64_T))
-        win.Put([half, MPI.UINT16_T], rank, (8 + 8 * cap + 2 * self.dim * n, k * self.dim, MPI.UINT16_T))
-        count[0] = n + k
-        win.Put([count, MPI.INT64_T], rank, (0, 1, MPI.INT64_T))
-        win.Flush(rank)
-        return True
-
-    def drain(self):
-        """PS holding its own shard lock: the waiting ``(rows, float32 grads)`` (rows may repeat),
-        and the inbox emptied; None when empty. Local."""
-        self.window.sync()
-        head = self.window.local(np.int64)
-        k = int(head[0])
-        if k == 0:
-            return None
-        cap, dim = self.cap, self.dim
-        rows = head[1:1 + k].copy()
-        half = self.window.local(np.uint16)[(8 + 8 * cap) // 2:][:cap * dim].reshape(cap, dim)[:k]
-        grads = widen(half, self.dtype)
-        head[0] = 0
-        self.window.sync()
-        return rows, grads
-
-    def free(self) -> None:
-        """Collective over the world; safe twice."""
         self.window.free()

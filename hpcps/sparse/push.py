@@ -8,9 +8,11 @@ PS, it takes that PS's shard lock once for every table and writes each part
 - PS on this node: the hand-off slab (stateful, one push of distinct rows,
   :meth:`Staging.to_slab`), else ``index_add_`` into shared memory (the staging
   rows, or the weights with ``-lr`` for plain SGD) and the staged-row list;
-- PS on another node, 16-bit ``push_dtype``: its push inbox (``MPI_Put``);
-- PS on another node: one ``MPI_Accumulate(SUM)`` with an indexed datatype of
-  the summed gradients (duplicates summed first, so no two targets overlap).
+- PS on another node, stateful table: this worker's slot in its push mailbox
+  (``MPI_Put``, no lock: :mod:`hpcps.sparse.mailbox`), when the push fits;
+- PS on another node otherwise: one ``MPI_Accumulate(SUM)`` with an indexed
+  datatype of the summed gradients (duplicates summed first, so no two targets
+  overlap), under the lock.
 """
 
 import time
@@ -66,6 +68,9 @@ def push_many_checked(pushes) -> None:
     locks = ctx.shard_locks
     for p in sorted(by_ps):
         rank = ctx.ps_world_ranks[p]
+        by_ps[p] = _mail(p, rank, by_ps[p])
+        if not by_ps[p]:
+            continue
         locks.acquire(rank)
         try:
             for table, part in by_ps[p]:
@@ -77,6 +82,25 @@ def push_many_checked(pushes) -> None:
     elapsed = time.perf_counter() - started
     for item in pushes:
         item[0].stats.push_seconds += elapsed / len(pushes)
+
+
+def _mail(p: int, rank: int, parts):
+    """Put the parts to PS ``p`` that fit this worker's mailbox slots there (stateful tables, PS on
+    another node) into them, every write issued before the first wait; return the other parts."""
+    mailed, rest = [], []
+    for table, part in parts:
+        rows_p, g_p, uniq, buf, _ = part
+        box = table.mailbox
+        if box is not None and buf is not None and table.staging.views[p] is None and box.fits(p, uniq.size):
+            box.write(p, rank, uniq, buf)
+            table.stats.rows_per_ps[p] += rows_p.size
+            table.stats.bytes_per_ps[p] += buf.nbytes
+            mailed.append(table)
+        else:
+            rest.append((table, part))
+    for table in mailed:
+        table.mailbox.post(p, rank)
+    return rest
 
 
 def push_parts(table, ids, grads, checked: bool = False):
@@ -150,10 +174,9 @@ def push_locked(table, p: int, part) -> None:
     if (table.staging.views if table.stateful else table.row_views)[p] is not None:
         _push_shared(table, p, rank, part)
         return
-    if buf.dtype == np.uint16:              # a 16-bit push: to the inbox if it fits
-        if table.inbox.put(p, rank, uniq, buf):
-            return
+    if table.mailbox is not None:            # too large for this worker's mailbox slot
         st.inbox_full += 1
+    if buf.dtype == np.uint16:              # 16-bit: the same rounded values, as float32
         buf = widen(buf, table.push_dtype)
         st.bytes_per_ps[p] += buf.nbytes - g_p.nbytes
     _push_rma(table, p, rank, uniq, buf)

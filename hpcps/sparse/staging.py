@@ -4,7 +4,7 @@ Workers add gradients into a staging copy of the rows (shared memory on the
 node, ``MPI_Accumulate`` across nodes), flag each row and list the rows not
 flagged yet; a push of distinct sorted rows to a PS on the worker's node may
 instead go whole into the hand-off slab. The PS, under its shard lock, takes
-everything staged (slab, inbox, listed rows) and applies the optimizer
+everything staged (slab, push mailboxes, listed rows) and applies the optimizer
 (:func:`apply_staged`, from the serve loop).
 
 Windows of one table (:class:`Staging`): staging rows (float32), touched-row
@@ -17,7 +17,7 @@ grads[cap, dim]).
 import numpy as np
 
 from ..core.window import Window
-from .codec import torch_module
+from .codec import torch_module, widen
 
 __all__ = ["Staging", "apply_staged", "STAGED_LIST_ROWS", "SLAB_ROWS"]
 
@@ -141,19 +141,21 @@ class Staging:
             self._local = (stage, self.flags.local(np.uint8)[:stage.shape[0]], self.list.local(np.int64), slab)
         return self._local
 
-    def take(self, inbox, stats):
+    def take(self, mailbox, stats):
         """PS holding its own shard lock: the staged rows and their summed gradients, which are
-        reset to zero; None when nothing is staged. ``inbox``: the table's 16-bit push inbox or
-        None. Counts in ``stats`` how the rows were found. Local."""
+        reset to zero; None when nothing is staged. ``mailbox``: the table's push mailbox
+        (:class:`hpcps.sparse.mailbox.Mailbox`) or None; ``widen(bits)`` turns 16-bit gradients
+        from it into float32. Counts in ``stats`` how the rows were found. Local."""
         if self.stage.freed:
             return None
         stage, flags, listed_, slab = self.local()
         self.stage.sync()
         self.flags.sync()
         self.list.sync()
-        got = inbox.drain() if inbox is not None else None
-        if got is not None:
-            self._stage_here(stage, flags, listed_, got[0], got[1], np.unique(got[0]))
+        for rows, grads in (mailbox.drain() if mailbox is not None else ()):
+            if grads.dtype == np.uint16:
+                grads = widen(grads, mailbox.dtype)
+            self._stage_here(stage, flags, listed_, rows, grads, rows)      # a push's rows are distinct
         taken = self._take_slab(slab, stage, flags, listed_, stats)
         if taken is not None:
             return taken
@@ -228,11 +230,11 @@ def apply_staged(ctx, tables, step: int, stamp: int | None = None) -> int:
     """
     me = ctx.rank
     locks = ctx.shard_locks
-    if locks.pending(me) == 0:
+    if locks.pending(me) == 0 and not any(t.mailbox is not None and t.mailbox.ready() for t in tables):
         return 0
     locks.acquire(me)
     try:
-        taken = [(t, t.staging.take(t.inbox, t.stats) if t.staging is not None else None) for t in tables]
+        taken = [(t, t.staging.take(t.mailbox, t.stats) if t.staging is not None else None) for t in tables]
         locks.pending(me, reset=True)
     finally:
         locks.release(me)

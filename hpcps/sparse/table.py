@@ -5,9 +5,10 @@ the rows' window and puts the parts together; each part owns its windows and
 frees what it made:
 
 - ``pull.py``: the pull path (shared-memory gathers, RMA gets);
-- ``push.py``: the push path and its transports (slab, staged rows, inbox, RMA);
+- ``push.py``: the push path and its transports (slab, staged rows, mailbox, RMA);
 - ``staging.py``: the staged gradients, and the PS's drain and apply;
-- ``codec.py``: 16-bit rows and gradients (the PS's 16-bit copy, the push inbox);
+- ``codec.py``: 16-bit rows and gradients (the PS's 16-bit copy);
+- ``mailbox.py``: pushes of stateful tables to a PS on another node, without its lock;
 - ``tracking.py``: row version stamps and dirty marks;
 - ``spec.py``: the argument checks and the agreement of every rank on them.
 
@@ -26,7 +27,8 @@ from ..core.optimizers import SparseOptimizer, new_state
 from ..core.sharding import logical_tables, make_sharding
 from ..core.window import Window
 from ..errors import FreedError, RoleError
-from .codec import HalfCopy, PushInbox, torch_module
+from .codec import HalfCopy, torch_module
+from .mailbox import Mailbox
 from .pull import PullHandle, gather_local, pull_async
 from .push import PushHandle, push_many
 from .staging import Staging
@@ -56,7 +58,7 @@ class TableStats:
     applies_listed: int = 0     # PS: applies that took their rows from the staged-row list
     applies_scanned: int = 0    # PS: applies that scanned the shard's flags (the list had overflowed)
     applies_slab: int = 0       # PS: applies that took one worker's push straight from the hand-off slab
-    inbox_full: int = 0         # 16-bit pushes sent as float32 because the PS's push inbox was full
+    inbox_full: int = 0         # pushes to another node too large for the PS's push mailbox (sent the locked way)
 
 
 class EmbeddingTable:
@@ -88,8 +90,8 @@ class EmbeddingTable:
     push_dtype: ``"float32"``, or ``"bfloat16"`` / ``"float16"``: a worker sums each row's
     gradients in float32 and rounds the sum to 16 bits (to nearest), and that is what the
     PS adds (in float32) to the row's staged gradient. To a PS on another node the
-    rounded rows travel in 16 bits, through its push inbox (``hpcps.sparse.codec``; when
-    it is full, as float32 by accumulate, counted in ``stats.inbox_full``). The PS applies
+    rounded rows travel in 16 bits, through its push mailbox (``hpcps.sparse.mailbox``; a
+    push too large for it goes as float32 by accumulate, counted in ``stats.inbox_full``). The PS applies
     every update, plain SGD included.
     segments: ``[(name, rows), ...]`` summing to ``num_rows``: the table stores several logical
     tables of one ``dim`` and optimizer back to back ("table-batched", as FBGEMM's TBE), so a
@@ -144,8 +146,8 @@ class EmbeddingTable:
         self.row_views = [None] * ctx.num_ps    # worker: each PS's rows on this node
         self.staging = Staging(ctx, local_rows, self.dim, what, slab=self.push_dtype == "float32") \
             if self.stateful else None
-        self.inbox = PushInbox(ctx, local_rows, self.dim, self.push_dtype, what) \
-            if self.push_dtype != "float32" else None
+        self.mailbox = Mailbox(ctx, [self.sharding.shard_rows(p) for p in range(ctx.num_ps)], self.dim,
+                               self.push_dtype, what) if self.stateful else None
         self.dirty = DirtyRows(ctx, local_rows, what) if self.track_dirty else None
         self.row_versions = RowVersions(ctx, local_rows, what) if self.track_versions else None
         self.half = HalfCopy(ctx, local_rows, self.dim, self.pull_dtype, what) \
@@ -223,12 +225,12 @@ class EmbeddingTable:
         return self.rows.local().reshape(-1, self.dim)
 
     def held_bytes(self) -> int:
-        """PS: bytes of rows, optimizer state, 16-bit copy and inbox this rank holds. Local."""
+        """PS: bytes of rows, optimizer state, 16-bit copy and push mailbox this rank holds. Local."""
         if not self.ctx.is_ps:
             return 0
         return (self.shard().nbytes + sum(v.nbytes for v in self._state.values())
                 + (self.half.window.nbytes if self.half is not None else 0)
-                + (self.inbox.nbytes if self.inbox is not None else 0))
+                + (self.mailbox.nbytes if self.mailbox is not None else 0))
 
     # ------------------------------------------------------------ worker API
     def pull_async(self, ids, full: bool = False) -> PullHandle:
@@ -391,7 +393,7 @@ class EmbeddingTable:
         self.row_views = [None] * self.ctx.num_ps
         self._tensors = None
         self.rowtype.Free()
-        for part in (self.row_versions, self.half, self.dirty, self.inbox, self.staging):
+        for part in (self.row_versions, self.half, self.dirty, self.mailbox, self.staging):
             if part is not None:
                 part.free()
         self.rows.free()

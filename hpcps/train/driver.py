@@ -50,8 +50,11 @@ def train(cfg: Config) -> dict | None:
     with init(num_ps=j.num_ps, transport=j.transport, mode=j.mode, wait=j.wait, rma_read=j.rma_read,
               world_size=j.world_size or None, progress_timeout=j.progress_timeout,
               ps_layout=j.ps_layout) as ctx:
-        # torch's default (every CPU, per rank) oversubscribes a node that runs several ranks
-        torch.set_num_threads(cfg.model.threads or max(1, ctx.node_cpus // ctx.node_comm.Get_size()))
+        # torch's default (every CPU, per rank) oversubscribes a node that runs several ranks. A PS
+        # applies scattered rows a step at a time: one thread (more spun idle OpenMP threads on a
+        # busy node: across pretend hosts sharing CPUs, the PS's adds took 3x as long)
+        torch.set_num_threads(1 if ctx.is_ps else
+                              cfg.model.threads or max(1, ctx.node_cpus // ctx.node_comm.Get_size()))
         data = make_data(cfg.data, j.seed, ctx.num_workers, max(ctx.worker_rank, 0))
         steps = total_steps(cfg, data)
         pipe = pipeline_switches(cfg, ctx)

@@ -55,8 +55,8 @@ def pipeline_summary(pl, pipe, comm_thread, embs, totals, loader) -> dict:
         out["cache_staleness"] = pl.cache_staleness
     if totals.get("prefetched"):
         out["prefetch_refreshed"] = totals["refreshed"] / totals["prefetched"]
-    if pl.push_dtype != "float32":                     # pushes sent as float32: a PS's inbox was full
-        out["push_inbox_full"] = sum(e.table.stats.inbox_full for e in embs)
+    # pushes to another node too large for this worker's mailbox slot there (sent the locked way)
+    out["push_mailbox_full"] = sum(e.table.stats.inbox_full for e in embs)
     return out
 
 

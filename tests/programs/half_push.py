@@ -1,8 +1,8 @@
 """16-bit pushes: the PS applies each worker's per-row gradient sums rounded to bfloat16 /
 float16, over shared memory and RMA, and over RMA they travel in 16 bits (through the push
-inbox, or as float32 when it is full).
+mailbox, or as float32 when a push does not fit the worker's slot).
 
-Usage: half_push.py NUM_PS TRANSPORT DTYPE [INBOX_ROWS]   (2 workers)
+Usage: half_push.py NUM_PS TRANSPORT DTYPE [SLOT_ROWS]   (2 workers)
 """
 import sys
 
@@ -12,13 +12,14 @@ import torch
 import hpcps
 
 hpcps.prepare_process()       # before MPI starts (README, "Python API")
-import hpcps.sparse.codec as codec_module  # noqa: E402
+import hpcps.sparse.mailbox as mailbox_module  # noqa: E402
 
 
 num_ps, transport, dtype = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-if len(sys.argv) > 4:
-    codec_module.PUSH_INBOX_ROWS = int(sys.argv[4])
 N, D, LR, B = 300, 8, 0.5, 96
+if len(sys.argv) > 4:                       # each worker's slot holds this many rows
+    mailbox_module.MAILBOX_BYTES = int(sys.argv[4]) * (8 + 2 * D) * 2
+    mailbox_module.MIN_SLOT_ROWS = 1
 tdt = {"bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
 
 

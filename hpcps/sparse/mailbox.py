@@ -1,0 +1,158 @@
+"""Push mailboxes: pushes of stateful tables to a PS on another node, without its shard lock.
+
+A PS keeps a slot for each worker on another node, in a window of its own: a header
+``[seq, rows, taken, 0]`` (int64), then ``rows`` int64[cap], then the gradients [cap, dim]
+(float32, or the uint16 bit patterns of a 16-bit ``push_dtype``). A worker writes one push's
+summed gradients into its slot (``MPI_Put``), flushes, then raises ``seq`` and flushes again.
+The PS, under its own shard lock, drains every slot whose ``seq`` is past its ``taken`` into its
+staged rows (:meth:`hpcps.sparse.staging.Staging.take`) and sets ``taken``. So a push to another
+node costs two round trips; the locked way (lock, gradients, flags, list, count, unlock) took 5-6,
+each a network round trip there.
+
+A worker writes its slot again only once the PS took the last write. In sync mode the step
+protocol says so (a step begins after the apply of the step before, which drained the slot);
+otherwise the worker reads ``taken`` (one more round trip, repeated until it is). A push larger
+than the slot goes the locked way (:func:`hpcps.sparse.push.push_locked`).
+"""
+
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from ..core import wait as _wait
+from ..core.window import Window
+
+__all__ = ["Mailbox", "MAILBOX_BYTES", "MIN_SLOT_ROWS"]
+
+MAILBOX_BYTES = 64 << 20    # per table and PS: every slot together at most this (the slot shrinks)
+MIN_SLOT_ROWS = 256         # a slot of fewer rows than this (and than the shard) is not made
+_HEAD = 32
+
+
+class Mailbox:
+    """The push mailboxes of one stateful table. Collective over the world (allocates a window).
+
+    ``shard_rows[p]``: rows of PS ``p``'s shard; ``dtype``: ``"float32"`` or the 16-bit
+    ``push_dtype`` (then gradients travel as their bit patterns)."""
+
+    def __init__(self, ctx, shard_rows, dim: int, dtype: str, what: str):
+        self.ctx, self.dim, self.dtype = ctx, dim, dtype
+        self.esize = 4 if dtype == "float32" else 2
+        node = ctx.node_of_rank
+        row_bytes = 8 + dim * self.esize
+        self.caps, self.slots = [], []          # per PS: rows per slot; {worker: slot}
+        for p, prank in enumerate(ctx.ps_world_ranks):
+            far = [w for w, r in enumerate(ctx.worker_world_ranks)
+                   if ctx.transport == "rma" or node[r] != node[prank]]
+            cap = min(int(shard_rows[p]), MAILBOX_BYTES // max(len(far) * row_bytes, 1)) if far else 0
+            if cap < min(MIN_SLOT_ROWS, int(shard_rows[p])):
+                cap, far = 0, []
+            self.caps.append(cap)
+            self.slots.append({w: i for i, w in enumerate(far)})
+        me = ctx.ps_rank
+        self.slot_bytes = [_HEAD + 8 * c + -(-c * dim * self.esize // 8) * 8 for c in self.caps]
+        nbytes = len(self.slots[me]) * self.slot_bytes[me] if ctx.is_ps and self.caps[me] else 0
+        self.window = Window(ctx.world, nbytes, what=f"{what} push mailbox")
+        self._seq = [0] * ctx.num_ps            # worker: its last write to each PS, and the step then
+        self._taken = [0] * ctx.num_ps          # worker: the last write each PS is known to have taken
+        self._step = [-1] * ctx.num_ps
+        self._word = np.empty(1, np.int64)
+        if nbytes:
+            self.window.local(np.int64)[:] = 0
+            self.window.sync()
+
+    @property
+    def nbytes(self) -> int:
+        return self.window.nbytes
+
+    def fits(self, p: int, rows: int) -> bool:
+        """Whether this worker has a slot at PS ``p`` that holds ``rows`` rows. Local."""
+        return self.ctx.worker_rank in self.slots[p] and rows <= self.caps[p]
+
+    def _base(self, p: int) -> int:
+        return self.slots[p][self.ctx.worker_rank] * self.slot_bytes[p]
+
+    def _wait_taken(self, p: int, rank: int) -> None:
+        """Until PS ``p`` took this worker's last write (skipped when the sync step protocol says so)."""
+        if self._taken[p] >= self._seq[p]:
+            return
+        control = self.ctx.control
+        if control.kind == "sync" and control.step > self._step[p]:
+            self._taken[p] = self._seq[p]       # this step began after the apply that drained it
+            return
+        win, base = self.window.win, self._base(p)
+        misses, started = 0, time.monotonic()
+        while True:
+            win.Get_accumulate([self._word, MPI.INT64_T], [self._word, MPI.INT64_T], rank,
+                               (base + 16, 1, MPI.INT64_T), op=MPI.NO_OP)
+            win.Flush(rank)
+            self._taken[p] = int(self._word[0])
+            if self._taken[p] >= self._seq[p]:
+                return
+            misses += 1
+            _wait.backoff(misses)
+            _wait.overdue(started, misses, lambda: f"the push mailbox at PS world rank {rank} is not drained")
+
+    def write(self, p: int, rank: int, rows: np.ndarray, grads: np.ndarray) -> None:
+        """Worker: put one push (distinct ``rows``, their summed ``grads``: float32, or uint16 bit
+        patterns for a 16-bit table) into its slot at PS ``p`` (world ``rank``); :meth:`post`
+        makes it visible. Call only where :meth:`fits`. Local (one-sided)."""
+        self._wait_taken(p, rank)
+        win, base, k = self.window.win, self._base(p), rows.size
+        self._rows = np.ascontiguousarray(rows, dtype=np.int64)
+        self._grads = np.ascontiguousarray(grads)
+        self._k = np.array([k], np.int64)
+        mpit = MPI.FLOAT if self.esize == 4 else MPI.UINT16_T
+        win.Put([self._rows, MPI.INT64_T], rank, (base + _HEAD, k, MPI.INT64_T))
+        win.Put([self._grads, mpit], rank, (base + _HEAD + 8 * self.caps[p], k * self.dim, mpit))
+        win.Put([self._k, MPI.INT64_T], rank, (base + 8, 1, MPI.INT64_T))
+
+    def post(self, p: int, rank: int) -> None:
+        """Worker, after :meth:`write` to PS ``p``: complete it, then raise the slot's sequence
+        number, complete on return. Local (one-sided)."""
+        win = self.window.win
+        win.Flush(rank)
+        self._seq[p] += 1
+        self._step[p] = self.ctx.control.step
+        self._word[0] = self._seq[p]
+        win.Accumulate([self._word, MPI.INT64_T], rank, (self._base(p), 1, MPI.INT64_T), op=MPI.REPLACE)
+        win.Flush(rank)
+
+    def _heads(self):
+        me = self.ctx.ps_rank
+        if not self.nbytes:
+            return None
+        mem = self.window.local(np.int64)
+        return mem.reshape(len(self.slots[me]), self.slot_bytes[me] // 8)
+
+    def ready(self) -> bool:
+        """PS: whether a slot holds a write not taken yet. Local."""
+        heads = self._heads()
+        if heads is None:
+            return False
+        self.window.sync()
+        return bool((heads[:, 0] > heads[:, 2]).any())
+
+    def drain(self):
+        """PS holding its own shard lock: ``[(rows, grads as stored), ...]`` of every slot written
+        since it was last taken, in worker order, each marked taken. Local."""
+        heads = self._heads()
+        if heads is None:
+            return []
+        self.window.sync()
+        cap, dim = self.caps[self.ctx.ps_rank], self.dim
+        out = []
+        for s in np.flatnonzero(heads[:, 0] > heads[:, 2]).tolist():
+            slot = heads[s]
+            k = int(slot[1])
+            rows = slot[4:4 + k].copy()
+            raw = slot[4 + cap:].view(np.float32 if self.esize == 4 else np.uint16)[:k * dim].reshape(k, dim).copy()
+            out.append((rows, raw))
+            slot[2] = slot[0]
+        self.window.sync()
+        return out
+
+    def free(self) -> None:
+        """Collective over the world; safe twice."""
+        self.window.free()

@@ -1,0 +1,137 @@
+"""Crossing hosts: the main job with the same ranks and CPUs on one pretend host and across two.
+
+    .venv/bin/python scripts/bench_hosts.py [--steps 300] [--repeat 2] [--out results/bench_hosts.json]
+
+Needs root: it makes pretend hosts h0 and h1 (scripts/cluster.sh, cluster "bh") and removes them
+after. Every run has 3 ranks, 1 PS + 2 workers, and this machine's CPUs in all; the DLRM job of
+examples/ctr.toml (sync mode, Adagrad), timed after --warmup steps:
+  one_host        the 3 ranks on h0, which has every CPU
+  across          the 2 workers on h0, the PS on h1 (job.ps_layout=last), the CPUs split between
+                  the hosts (each host pinned to its own)
+  across_shared   the same, both hosts on every CPU (oversubscribed, as on a busy node)
+  rpc_across      the torch.distributed.rpc PS (scripts/rpc_ps_baseline.py), its server on h1,
+                  the CPUs split
+  ping_pong       MPI Send/Recv between h0 and h1, CPUs split: the round trip of 8 bytes and of
+                  a message of the bytes a worker moves per step; the bandwidth this gives
+Prints each run's samples/s, pull and push ms per step, and the ratios against the targets:
+across / one_host >= 0.5, across_shared / one_host >= 0.25, across / rpc_across >= 2, and push /
+pull <= 1.5 across hosts. --repeat N runs N interleaved rounds, each contender's median reported.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from bench_e2e import _median, bench_hpcps  # noqa: E402
+from mpirun import CLUSTER, mpi_env, run_mpi  # noqa: E402
+
+NAME = "bh"
+PING = """
+import sys, time, numpy as np
+from mpi4py import MPI
+c = MPI.COMM_WORLD
+out = {}
+for size in (8, int(sys.argv[1])):
+    buf = np.zeros(max(size, 8), np.uint8)
+    best = []
+    for rep in range(60):
+        c.Barrier()
+        t = time.perf_counter()
+        if c.rank == 0:
+            c.Send(buf, 1); c.Recv(buf, 1)
+        else:
+            c.Recv(buf, 0); c.Send(buf, 0)
+        best.append(time.perf_counter() - t)
+    out[size] = sorted(best)[len(best) // 2]
+if c.rank == 0:
+    print("PING", out[8], int(sys.argv[1]), out[int(sys.argv[1])], flush=True)
+"""
+
+
+def cluster(*args):
+    subprocess.run([str(CLUSTER), *args], check=True, capture_output=True, text=True)
+
+
+def run_one(name, args, tmp):
+    """One contender; returns its figures. The cluster is brought up split or shared to suit."""
+    split = name in ("across", "rpc_across", "ping_pong")
+    cluster("up", "2", *(["--split-cpus"] if split else []))
+    try:
+        if name == "rpc_across":
+            r = run_mpi(3, [str(ROOT / "scripts" / "rpc_ps_baseline.py"), args.config, str(args.steps),
+                            str(args.warmup), "h0"], mpi4py_run=False, hosts="h0:2,h1:1", timeout=1200,
+                        env={"TP_SOCKET_IFNAME": "eth0", "GLOO_SOCKET_IFNAME": "eth0"})
+            return json.loads([x for x in r.stdout.splitlines() if x.startswith('{"rpc"')][0])["rpc"]
+        if name == "ping_pong":
+            r = run_mpi(2, ["-c", PING, str(int(args.message_bytes))], mpi4py_run=False, hosts="h0:1,h1:1")
+            small, size, big = r.stdout.split("PING")[1].split()[:3]
+            return {"rtt_8b_ms": 1e3 * float(small), "message_bytes": int(size), "rtt_message_ms": 1e3 * float(big),
+                    "bandwidth_mb_s": 2 * int(size) / float(big) / 1e6}
+        hosts = "h0:3" if name == "one_host" else "h0:2,h1:1"
+        return bench_hpcps(args.config, args.steps, args.warmup, 3, tmp, extra=["job.ps_layout=last"], hosts=hosts)
+    finally:
+        cluster("down", "--force")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default=str(ROOT / "examples" / "ctr.toml"))
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--warmup", type=int, default=30)
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--out", default=str(ROOT / "results" / "bench_hosts.json"))
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("bench_hosts.py: needs root (pretend hosts are network namespaces)")
+    mpi_env()                                   # fails early when no mpiexec is found
+    os.environ["HPCPS_CLUSTER"] = NAME          # the launches' pretend hosts
+    names = ["one_host", "across", "across_shared", "rpc_across"]
+    runs = {n: [] for n in names}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.repeat):
+            for n in names[r % len(names):] + names[:r % len(names)]:
+                runs[n].append(run_one(n, args, tmp))
+                print(f"round {r + 1} {n}: {runs[n][-1]['samples_per_s']:,.0f} samples/s", flush=True)
+        args.message_bytes = runs["across"][0]["bytes_per_step"]
+        ping = run_one("ping_pong", args, tmp)
+    res = {n: min(v, key=lambda x: abs(x["samples_per_s"] - _median([y["samples_per_s"] for y in v])))
+           for n, v in runs.items()}
+    res["ping_pong"] = ping
+    one, across, shared, rpc = (res[n]["samples_per_s"] for n in names)
+    res["ratios"] = {"across_vs_one_host": across / one, "across_shared_vs_one_host": shared / one,
+                     "across_vs_rpc_across": across / rpc,
+                     "push_vs_pull_across": res["across"]["push_ms"] / max(res["across"]["pull_ms"], 1e-9)}
+    res["wire"] = {                                             # 2 workers: the wire carries both
+        "bytes_per_step_per_worker": res["across"]["bytes_per_step"],
+                   "wire_ms_per_step": 1e3 * 2 * res["across"]["bytes_per_step"] / (ping["bandwidth_mb_s"] * 1e6),
+                   "step_ms": 1e3 * 1024 / across}
+    for n in names:
+        x = res[n]
+        extra = (f"  pull {x['pull_ms']:.2f} ms  push {x['push_ms']:.2f} ms  per step: "
+                 + " ".join(f"{k} {v:.2f}" for k, v in x["phase_ms"].items())) if "pull_ms" in x else ""
+        print(f"{n:14s} {x['samples_per_s']:>10,.0f} samples/s{extra}")
+    print(f"ping-pong h0<->h1: 8 B round trip {ping['rtt_8b_ms']:.3f} ms; {ping['message_bytes']:,} B round trip "
+          f"{ping['rtt_message_ms']:.3f} ms ({ping['bandwidth_mb_s']:,.0f} MB/s)")
+    w = res["wire"]
+    print(f"a step across hosts: {w['step_ms']:.2f} ms; its bytes on the wire (2 workers x "
+          f"{w['bytes_per_step_per_worker']:,.0f} B) take {w['wire_ms_per_step']:.2f} ms at that bandwidth")
+    q = res["ratios"]
+    print(f"across / one_host        {q['across_vs_one_host']:.2f}  (target >= 0.5)")
+    print(f"across_shared / one_host {q['across_shared_vs_one_host']:.2f}  (target >= 0.25)")
+    print(f"across / rpc_across      {q['across_vs_rpc_across']:.2f}  (target >= 2)")
+    print(f"push / pull across       {q['push_vs_pull_across']:.2f}  (target <= 1.5)")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"args": {k: v for k, v in vars(args).items()}, **res}, indent=1))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
