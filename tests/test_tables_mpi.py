@@ -34,25 +34,29 @@ def test_concurrent_pushes_lose_no_update(n, num_ps, transport):
 @pytest.mark.parametrize("n,num_ps,transport,list_rows", [(4, 1, "auto", None), (5, 2, "rma", None),
                                                            (4, 1, "auto", 30), (5, 2, "rma", 12)])
 def test_staged_pushes_applied_by_ps_lose_no_update(n, num_ps, transport, list_rows):
-    """The PS finds staged rows on its staged-row list (as long as the shard: it never overflows).
-    A list shorter than one push's rows (list_rows) overflows, and the PS scans its flags
-    instead, at least after every first push since an apply: either way no update is lost."""
-    extra = [] if list_rows is None else [list_rows]
+    """On the node, the PS finds staged rows on its staged-row list (as long as the shard: it never
+    overflows). A list shorter than one push's rows (list_rows) overflows, and the PS scans its
+    flags instead, at least after every first push since an apply. Over RMA pushes go to the PS's
+    mailboxes; with list_rows they are turned off ("locked"), so the list and the scan are
+    tested over RMA too. Whichever way, no update is lost."""
+    extra = [] if list_rows is None else [list_rows] + (["locked"] if transport == "rma" else [])
     r = run_mpi(n, ["concurrent_push.py", num_ps, transport, 150, "stateful", *extra], timeout=180)
     assert r.stdout.count("OK worker") == n - num_ps
-    counts = [tuple(map(int, m)) for m in re.findall(r"OK PS applies listed (\d+) scanned (\d+) slab (\d+)",
-                                                      r.stdout)]
+    counts = [tuple(map(int, m)) for m in re.findall(
+        r"OK PS applies listed (\d+) scanned (\d+) slab (\d+) mailbox (\d+)", r.stdout)]
     assert len(counts) == num_ps
-    if list_rows is None:
-        assert all(listed > 0 and scanned == 0 for listed, scanned, _ in counts)
+    if list_rows is not None:
+        assert all(scanned > 0 and mailbox == 0 for _, scanned, _, mailbox in counts)
+    elif transport == "rma":             # every push went to a mailbox: no list, no slab
+        assert all(mailbox > 0 and scanned == 0 and slab == 0 for _, scanned, slab, mailbox in counts)
     else:
-        assert all(scanned > 0 for _, scanned, _ in counts)
+        assert all(listed > 0 and scanned == 0 and mailbox == 0 for listed, scanned, _, mailbox in counts)
     # distinct pushes to a PS on the node go through its hand-off slab (over RMA there is none), and
     # some of them (a push alone since the last apply) are applied from it directly
     if transport == "auto":
-        assert all(slab > 0 for _, _, slab in counts)
+        assert all(slab > 0 for _, _, slab, _ in counts)
     else:
-        assert all(slab == 0 for _, _, slab in counts)
+        assert all(slab == 0 for _, _, slab, _ in counts)
 
 
 @pytest.mark.parametrize("transport", ["auto", "rma"])

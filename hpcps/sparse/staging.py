@@ -152,9 +152,12 @@ class Staging:
         self.stage.sync()
         self.flags.sync()
         self.list.sync()
-        for rows, grads in (mailbox.drain() if mailbox is not None else ()):
-            if grads.dtype == np.uint16:
-                grads = widen(grads, mailbox.dtype)
+        mailed = [(rows, widen(grads, mailbox.dtype) if grads.dtype == np.uint16 else grads)
+                  for rows, grads in (mailbox.drain() if mailbox is not None else ())]
+        if mailed and int(listed_[0]) == 0 and (slab is None or int(slab[0][0]) == 0):
+            stats.applies_mailbox += 1          # nothing else staged: sum the mailed pushes, no scatter
+            return _merge(mailed, self.dim)
+        for rows, grads in mailed:
             self._stage_here(stage, flags, listed_, rows, grads, rows)      # a push's rows are distinct
         taken = self._take_slab(slab, stage, flags, listed_, stats)
         if taken is not None:
@@ -217,6 +220,19 @@ class Staging:
         self.list.free()
         self.flags.free()
         self.stage.free()
+
+
+def _merge(pushes, dim: int):
+    """``(rows, grads)`` of several pushes (each of distinct sorted rows): one push's as they are, or
+    the distinct rows of all and each one's summed gradients, added in the pushes' order."""
+    if len(pushes) == 1:
+        return pushes[0]
+    torch = torch_module()
+    rows = np.concatenate([r for r, _ in pushes])
+    uniq, inverse = np.unique(rows, return_inverse=True)
+    sums = torch.zeros((uniq.size, dim), dtype=torch.float32)
+    sums.index_add_(0, torch.from_numpy(inverse.reshape(-1)), torch.from_numpy(np.concatenate([g for _, g in pushes])))
+    return uniq, sums.numpy()
 
 
 def apply_staged(ctx, tables, step: int, stamp: int | None = None) -> int:

@@ -58,6 +58,7 @@ class TableStats:
     applies_listed: int = 0     # PS: applies that took their rows from the staged-row list
     applies_scanned: int = 0    # PS: applies that scanned the shard's flags (the list had overflowed)
     applies_slab: int = 0       # PS: applies that took one worker's push straight from the hand-off slab
+    applies_mailbox: int = 0    # PS: applies that took only pushes from its mailboxes (summed, not staged)
     inbox_full: int = 0         # pushes to another node too large for the PS's push mailbox (sent the locked way)
 
 

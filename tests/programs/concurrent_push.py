@@ -1,10 +1,11 @@
 """Workers push integer gradients to overlapping hot rows at once; no update may be lost.
 
-Usage: concurrent_push.py NUM_PS TRANSPORT ROUNDS [stateful [LIST_ROWS]]
+Usage: concurrent_push.py NUM_PS TRANSPORT ROUNDS [stateful [LIST_ROWS [locked]]]
 With "stateful", gradients are staged and applied by the PS while workers keep
 pushing (async mode): nothing may be lost between a push and the PS's drain.
 LIST_ROWS sets the staged-row list's length (hpcps.sparse.staging.STAGED_LIST_ROWS):
-a short one overflows, and the PS then finds the staged rows by scanning.
+a short one overflows, and the PS then finds the staged rows by scanning. "locked": no push
+mailboxes, so pushes to a PS on another node take the lock and the staged-row list too.
 Every other round pushes distinct sorted ids, which a PS on the same node takes
 through its hand-off slab (one push at a time; the others are staged meanwhile).
 """
@@ -15,6 +16,7 @@ import numpy as np
 import hpcps
 
 hpcps.prepare_process()       # before MPI starts (README, "Python API")
+import hpcps.sparse.mailbox  # noqa: E402
 import hpcps.sparse.staging  # noqa: E402
 
 from mpi4py import MPI  # noqa: E402
@@ -23,6 +25,8 @@ num_ps, transport, rounds = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 stateful = len(sys.argv) > 4 and sys.argv[4] == "stateful"
 if len(sys.argv) > 5:
     hpcps.sparse.staging.STAGED_LIST_ROWS = int(sys.argv[5])
+if len(sys.argv) > 6 and sys.argv[6] == "locked":
+    hpcps.sparse.mailbox.MAILBOX_BYTES = 0
 N, D = 300, 4
 # warmup_steps=1 keeps the rate at exactly 1.0 but makes SGD stateful (applied by the PS)
 opt = hpcps.optim.SGD(lr=1.0, schedule=hpcps.optim.LRSchedule(warmup_steps=1 if stateful else 0))
@@ -33,8 +37,8 @@ with hpcps.init(num_ps=num_ps, transport=transport, mode="async") as ctx:
     if ctx.is_ps:
         ctx.serve()
         st = t.stats
-        print(f"OK PS applies listed {st.applies_listed} scanned {st.applies_scanned} slab {st.applies_slab}",
-              flush=True)
+        print(f"OK PS applies listed {st.applies_listed} scanned {st.applies_scanned} slab {st.applies_slab} "
+              f"mailbox {st.applies_mailbox}", flush=True)
     else:
         w = ctx.worker_rank
         rng = np.random.default_rng(100 + w)
