@@ -47,7 +47,7 @@ def straight(tmp_path_factory):
     ("adam", (5, 2), (6, 3), ("true", "true"), ("modulo", "modulo")),           # 2 PS -> 3 PS
     # 3 PS -> 1 PS (momentum buffers and first-step flags move too)
     ("momentum", (5, 3), (3, 1), ("true", "true"), ("modulo", "modulo")),
-    ("adam", (4, 1), (3, 1), ("true", "true"), ("modulo", "modulo")),           # 3 workers -> 2
+    # (3 workers -> 2 with 2 PS -> 1: tests/test_hosts.py, after a host is lost)
     # a table per feature -> one table-batched table, and back (model.fuse_tables)
     ("adam", (5, 2), (4, 1), ("false", "true"), ("modulo", "modulo")),
     ("momentum", (4, 1), (5, 2), ("true", "false"), ("modulo", "modulo")),
@@ -104,7 +104,7 @@ def test_kill_9_during_checkpoint_writes_never_leaves_a_corrupt_checkpoint(tmp_p
             "checkpoint.every_steps=1", "checkpoint.keep=2", "job.steps=100000", "data.rows_per_table=200000"]
     rng = random.Random(1)
     loads = 0
-    for trial in range(20):
+    for trial in range(12):
         proc = launch_mpi(3, argv, tag=f"ckw-{trial}")
         t0 = time.time()
         while time.time() - t0 < 60 and not list(ck.glob("step-*")):
@@ -114,7 +114,7 @@ def test_kill_9_during_checkpoint_writes_never_leaves_a_corrupt_checkpoint(tmp_p
         reap(proc)
         for p in store.list_checkpoints(ck):                 # every committed checkpoint verifies
             assert store.verify(p) == (True, "ok"), p
-        if trial % 5 == 4:                                    # and a restart loads one
+        if trial % 4 == 3:                                    # and a restart loads one
             r = run_mpi(3, argv[:-2] + ["job.steps=1", "data.rows_per_table=200000", "checkpoint.resume=auto",
                                          "checkpoint.every_steps=0"], timeout=120, check=False)
             assert r.returncode == 0, r.stderr[-2000:]

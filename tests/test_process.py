@@ -40,3 +40,9 @@ def test_unknown_level_is_a_clear_error(bad):
     from hpcps.core.process import prepare_process
     with pytest.raises(ValueError, match="job.mpi_threads"):
         prepare_process(bad)
+
+
+def test_the_tcache_tunable_is_added_beside_a_users_own():
+    from hpcps.core.malloc import TUNABLE, tunables_with_tcache_off
+    assert tunables_with_tcache_off({"GLIBC_TUNABLES": "glibc.malloc.mxfast=64"}) == f"glibc.malloc.mxfast=64:{TUNABLE}"
+    assert tunables_with_tcache_off({}) == TUNABLE
