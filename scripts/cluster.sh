@@ -123,6 +123,7 @@ down() {
 }
 
 status() {
+    [[ -f $STATE/count ]] || die "no cluster '$CL' is up (scripts/cluster.sh up N)"
     local h
     for h in $(hosts_of); do
         printf '%s %s cpus=%s processes=%s\n' "$h" "$(awk -v h="$h" '$2 == h {print $1}' "$STATE/hosts")" \
@@ -134,6 +135,7 @@ host_exec() {
     need_root
     local h=${1:-}; shift || true
     [[ -n $h ]] || die "exec: name a host"
+    [[ -f $STATE/count ]] || die "no cluster '$CL' is up (scripts/cluster.sh up N)"
     [[ -e /run/netns/$CL-$h && -e $STATE/ns/$h.uts ]] || die "no host '$h' in cluster '$CL' (hosts: $(hosts_of | tr '\n' ' '))"
     [[ $# -gt 0 ]] || die "exec: give a command"
     local pin=()
@@ -182,5 +184,5 @@ case $cmd in
     ssh) fake_ssh "$@" ;;
     mpiexec-args) mpiexec_args "$@" ;;
     mpiexec) run_mpiexec "$@" ;;
-    *) sed -n '2,9p' "$SELF" | sed 's/^# \{0,1\}//'; [[ -z $cmd || $cmd == -h || $cmd == --help ]] || exit 2 ;;
+    *) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$SELF"; [[ -z $cmd || $cmd == -h || $cmd == --help ]] || exit 2 ;;
 esac
