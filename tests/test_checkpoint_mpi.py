@@ -48,12 +48,11 @@ def straight(tmp_path_factory):
     # 3 PS -> 1 PS (momentum buffers and first-step flags move too)
     ("momentum", (5, 3), (3, 1), ("true", "true"), ("modulo", "modulo")),
     # (3 workers -> 2 with 2 PS -> 1: tests/test_hosts.py, after a host is lost)
-    # a table per feature -> one table-batched table, and back (model.fuse_tables)
+    # a table per feature -> one table-batched table (model.fuse_tables; and back: the last case)
     ("adam", (5, 2), (4, 1), ("false", "true"), ("modulo", "modulo")),
-    ("momentum", (4, 1), (5, 2), ("true", "false"), ("modulo", "modulo")),
     # contiguous ranges: 2 PS -> 3 PS under ranges, and ranges over 3 PS -> modulo over 2
     ("adam", (5, 2), (6, 3), ("true", "true"), ("range", "range")),
-    ("momentum", (6, 3), (5, 2), ("false", "true"), ("range", "modulo")),
+    ("momentum", (6, 3), (5, 2), ("true", "false"), ("range", "modulo")),
 ])
 def test_half_then_restart_equals_straight(tmp_path, straight, opt, first, second, fuse, sharding):
     ck = tmp_path / "ck"
@@ -104,7 +103,7 @@ def test_kill_9_during_checkpoint_writes_never_leaves_a_corrupt_checkpoint(tmp_p
             "checkpoint.every_steps=1", "checkpoint.keep=2", "job.steps=100000", "data.rows_per_table=200000"]
     rng = random.Random(1)
     loads = 0
-    for trial in range(12):
+    for trial in range(8):
         proc = launch_mpi(3, argv, tag=f"ckw-{trial}")
         t0 = time.time()
         while time.time() - t0 < 60 and not list(ck.glob("step-*")):
@@ -142,12 +141,15 @@ def test_disk_full_is_a_clear_error_and_keeps_the_previous_checkpoint(tmp_path):
     import subprocess
     ck = tmp_path / "ck"
     ck.mkdir()
-    # a filesystem with room for one checkpoint of this job but not two (CI runs as root)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=240k", "tmpfs", str(ck)], check=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(ck)], check=True)   # CI runs as root
     try:
         _train(4, [f"checkpoint.dir={ck}", "job.steps=10"])
         before = store.step_dir(ck, 10)
-        assert 75_000 < sum(p.stat().st_size for p in before.iterdir()) < 150_000
+        size = sum(p.stat().st_size for p in before.iterdir())
+        assert 75_000 < size < 500_000
+        # leave room for half a checkpoint: the next one cannot fit
+        st = os.statvfs(ck)
+        (ck / "filler").write_bytes(b"\0" * max(st.f_bavail * st.f_frsize - size // 2, 0))
         r = _train(4, [f"checkpoint.dir={ck}", "job.steps=20"], check=False, timeout=120)
         assert r.returncode != 0
         assert "checkpoint at step 20" in r.stderr and "previous checkpoint is intact" in r.stderr

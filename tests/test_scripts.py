@@ -153,7 +153,7 @@ def test_bench_hosts_smoke(tmp_path):
     import subprocess
     import sys
     out = tmp_path / "hosts.json"
-    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_hosts.py"), "--steps", "30", "--warmup", "10",
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_hosts.py"), "--steps", "20", "--warmup", "10",
                         "--out", str(out)], capture_output=True, text=True, timeout=900,
                        env=__import__("mpirun").mpi_env())
     assert r.returncode == 0, r.stdout + r.stderr
