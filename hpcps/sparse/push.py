@@ -22,7 +22,7 @@ from mpi4py import MPI
 
 from ..core.settings import F32_MAX as _F32_MAX
 from .codec import narrow, torch_module, widen
-from .staging import listed
+from .staging import listed, sum_rows
 from .validate import as_grads, as_ids
 
 __all__ = ["PushHandle", "push_many", "push_many_checked", "push_parts"]
@@ -140,7 +140,7 @@ def _prepare(table, p: int, rows_p: np.ndarray, g_p: np.ndarray, distinct: bool 
     distinct = distinct or bool(np.all(rows_p[1:] > rows_p[:-1]))
     shared = (table.staging.views if table.stateful else table.row_views)[p] is not None
     if table.push_dtype != "float32":        # stateful: each row's summed gradient, rounded
-        uniq, sums = (rows_p, g_p) if distinct else _sum_rows(table.dim, rows_p, g_p, alpha)
+        uniq, sums = (rows_p, g_p) if distinct else sum_rows(table.dim, rows_p, g_p, alpha)
         half = narrow(sums, table.push_dtype)
         if shared:                          # nothing to save: add the rounded values here
             wide = widen(half, table.push_dtype)
@@ -150,17 +150,8 @@ def _prepare(table, p: int, rows_p: np.ndarray, g_p: np.ndarray, distinct: bool 
         return rows_p, g_p, rows_p if distinct else np.unique(rows_p), None, alpha
     if distinct:
         return rows_p, g_p, rows_p, g_p if alpha == 1.0 else g_p * np.float32(alpha), alpha
-    uniq, sums = _sum_rows(table.dim, rows_p, g_p, alpha)
+    uniq, sums = sum_rows(table.dim, rows_p, g_p, alpha)
     return rows_p, g_p, uniq, sums, alpha
-
-
-def _sum_rows(dim: int, rows_p: np.ndarray, g_p: np.ndarray, alpha: float):
-    """The unique rows of ``rows_p`` and ``alpha`` times the sum of each one's gradients."""
-    torch = torch_module()
-    uniq, inverse = np.unique(rows_p, return_inverse=True)
-    sums = torch.zeros((uniq.size, dim), dtype=torch.float32)
-    sums.index_add_(0, torch.from_numpy(inverse.reshape(-1)), torch.from_numpy(g_p), alpha=alpha)
-    return uniq, sums.numpy()
 
 
 def push_locked(table, p: int, part) -> None:

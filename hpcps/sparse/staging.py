@@ -144,8 +144,8 @@ class Staging:
     def take(self, mailbox, stats):
         """PS holding its own shard lock: the staged rows and their summed gradients, which are
         reset to zero; None when nothing is staged. ``mailbox``: the table's push mailbox
-        (:class:`hpcps.sparse.mailbox.Mailbox`) or None; ``widen(bits)`` turns 16-bit gradients
-        from it into float32. Counts in ``stats`` how the rows were found. Local."""
+        (:class:`hpcps.sparse.mailbox.Mailbox`) or None; its 16-bit gradients are widened to
+        float32 here. Counts in ``stats`` how the rows were found. Local."""
         if self.stage.freed:
             return None
         stage, flags, listed_, slab = self.local()
@@ -222,17 +222,21 @@ class Staging:
         self.stage.free()
 
 
+def sum_rows(dim: int, rows: np.ndarray, grads: np.ndarray, alpha: float = 1.0):
+    """The distinct rows of ``rows`` (sorted) and ``alpha`` times the sum of each one's ``grads``. Local."""
+    torch = torch_module()
+    uniq, inverse = np.unique(rows, return_inverse=True)
+    sums = torch.zeros((uniq.size, dim), dtype=torch.float32)
+    sums.index_add_(0, torch.from_numpy(inverse.reshape(-1)), torch.from_numpy(grads), alpha=alpha)
+    return uniq, sums.numpy()
+
+
 def _merge(pushes, dim: int):
     """``(rows, grads)`` of several pushes (each of distinct sorted rows): one push's as they are, or
     the distinct rows of all and each one's summed gradients, added in the pushes' order."""
     if len(pushes) == 1:
         return pushes[0]
-    torch = torch_module()
-    rows = np.concatenate([r for r, _ in pushes])
-    uniq, inverse = np.unique(rows, return_inverse=True)
-    sums = torch.zeros((uniq.size, dim), dtype=torch.float32)
-    sums.index_add_(0, torch.from_numpy(inverse.reshape(-1)), torch.from_numpy(np.concatenate([g for _, g in pushes])))
-    return uniq, sums.numpy()
+    return sum_rows(dim, np.concatenate([r for r, _ in pushes]), np.concatenate([g for _, g in pushes]))
 
 
 def apply_staged(ctx, tables, step: int, stamp: int | None = None) -> int:
