@@ -85,8 +85,13 @@ class Worker:
         self.log = MetricsLog(cfg.metrics.path if self.lead else "")
         self.bar = None
         if self.lead and cfg.metrics.progress:
+            import sys
+
             from tqdm import tqdm
-            self.bar = tqdm(total=steps, initial=start, desc="train", unit="step", dynamic_ncols=True)
+            # in a batch job's log (not a terminal) a redraw every 30 s, not 10 a second
+            every = 0.1 if sys.stderr.isatty() else 30.0
+            self.bar = tqdm(total=steps, initial=start, desc="train", unit="step", dynamic_ncols=True,
+                            mininterval=every)
         self.telemetry = Telemetry(tables, self.embs, ctx.num_ps, cfg.data.batch_size, start)
         self.draw = loader.train_batch if loader is not None else data.train_batch
         self.next_batch = None
@@ -210,7 +215,8 @@ class Worker:
         if (step + 1) % cfg.job.log_every == 0 or step + 1 == steps:
             rec = self.telemetry.record(step + 1, self._stale)
             if self.bar is not None:
-                self.bar.set_postfix(loss=f"{rec['loss']:.4f}", samples_s=f"{rec['samples_per_s']:,.0f}")
+                self.bar.set_postfix(loss=f"{rec['loss']:.4f}", samples_s=f"{rec['samples_per_s']:,.0f}",
+                                  refresh=False)
             if cfg.job.eval_every and (step + 1) % cfg.job.eval_every == 0 and step + 1 < steps:
                 self.ctx.fence(step + 1)
                 rec["eval"] = evaluate(self.model, self.data, self.comm, self.device)
