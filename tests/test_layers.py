@@ -26,7 +26,7 @@ LAYERS = [
     ("hpcps.data", ["hpcps.data", "hpcps.core"]),
     ("hpcps.metrics", []),
     ("hpcps.stopping", []),
-    ("hpcps.config", ["hpcps.core"]),
+    ("hpcps.config", ["hpcps.config", "hpcps.core"]),
     ("hpcps.checkpoint", ["hpcps.checkpoint", "hpcps.core", "hpcps.errors", "hpcps._version"]),
     ("hpcps.train", ["hpcps.train", "hpcps.context", "hpcps.sparse", "hpcps.dense", "hpcps.nn", "hpcps.models",
                      "hpcps.data", "hpcps.checkpoint", "hpcps.config", "hpcps.metrics", "hpcps.stopping",

@@ -1,0 +1,114 @@
+"""Typed training configuration: file < ``HPCPS_*`` environment < ``--set``.
+
+Keys are dotted ``section.key`` (``optimizer.sparse.lr``); the environment
+name of a key is ``HPCPS_`` + the key upper-cased with dots as underscores
+(``HPCPS_OPTIMIZER_SPARSE_LR``), and ``HPCPS_NUM_PS``, ``HPCPS_MODE``,
+``HPCPS_TRANSPORT`` set ``job.num_ps``, ``job.mode``, ``job.transport``.
+Unknown keys and bad values raise ``ValueError`` naming the key and where it
+came from.
+"""
+
+import difflib
+import os
+import sys
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:                                    # pragma: no cover
+    import tomli as tomllib
+
+from .rules import SWITCHES, build_sparse_optimizer, parse_permissions, resolve_switch, validate
+from .schema import ENV_ALIASES, FORMATS, MODELS, Config, config_keys
+
+__all__ = ["Config", "load_config", "config_keys", "build_sparse_optimizer", "parse_permissions", "resolve_switch",
+           "validate", "SWITCHES", "ENV_ALIASES", "FORMATS", "MODELS"]
+
+
+def _coerce(key, value, default, source):
+    """``value`` as the type of ``default``. Text is converted only where every value is text
+    (environment, ``--set``): in a TOML file a number or list written as a string is an error,
+    as is Python's ``1_000`` or a float where an integer belongs. Local."""
+    kind = type(default)
+    where = f"config: {key} = {value!r} ({source})"
+    from_text = not source.startswith("file ")
+    if isinstance(value, str) and kind is not str and from_text:
+        text = value.strip()
+        try:
+            if "_" in text:
+                raise ValueError
+            if kind is bool:
+                low = text.lower()
+                if low not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
+                    raise ValueError
+                return low in ("true", "1", "yes", "on")
+            if kind is int:
+                return int(text)
+            if kind is float:
+                return float(text)
+            if kind is list:
+                text = text.strip("[]")
+                return [int(x) for x in text.replace(",", " ").split()] if text else []
+        except ValueError:
+            raise ValueError(f"{where}: expected {kind.__name__}") from None
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if kind is list and isinstance(value, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in value):
+        return list(value)
+    if kind is str and isinstance(value, bool):          # a switch written as a TOML boolean
+        return "on" if value else "off"
+    if type(value) is not kind:
+        got = "a string" if isinstance(value, str) else type(value).__name__
+        raise ValueError(f"{where}: expected {kind.__name__}, got {got}"
+                         + (" (write it without quotes)" if isinstance(value, str) else ""))
+    return value
+
+
+def _flatten(d, prefix=""):
+    for k, v in d.items():
+        if isinstance(v, dict):
+            yield from _flatten(v, f"{prefix}{k}.")
+        else:
+            yield f"{prefix}{k}", v
+
+
+def _set(cfg, key, value, source, keys):
+    if key not in keys:
+        near = difflib.get_close_matches(key, keys, n=1)
+        hint = f"; did you mean {near[0]!r}?" if near else ""
+        raise ValueError(f"config: unknown key {key!r} ({source}){hint}")
+    *path, last = key.split(".")
+    obj = cfg
+    for p in path:
+        obj = getattr(obj, p)
+    setattr(obj, last, _coerce(key, value, getattr(obj, last), source))
+
+
+def load_config(path=None, overrides=(), environ=None) -> Config:
+    """Merge defaults < TOML file < environment < ``overrides`` ("key=value"), then validate. Local."""
+    cfg = Config()
+    keys = config_keys()
+    if path:
+        try:
+            with open(path, "rb") as f:
+                data = tomllib.load(f)
+        except OSError as e:
+            raise ValueError(f"config: cannot read {path}: {e.strerror}") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ValueError(f"config: {path} is not valid TOML: {e}") from None
+        for key, value in _flatten(data):
+            _set(cfg, key, value, f"file {path}", keys)
+    env = os.environ if environ is None else environ
+    for key in keys:
+        name = "HPCPS_" + key.upper().replace(".", "_")
+        if name in env:
+            _set(cfg, key, env[name], f"environment {name}", keys)
+    for name, key in ENV_ALIASES.items():
+        if name in env:
+            _set(cfg, key, env[name], f"environment {name}", keys)
+    for item in overrides:
+        if "=" not in item:
+            raise ValueError(f"config: --set takes key=value, got {item!r}")
+        key, value = item.split("=", 1)
+        _set(cfg, key.strip(), value, "--set", keys)
+    validate(cfg)
+    return cfg

@@ -1,0 +1,151 @@
+"""What makes a setting valid, read from the settings alone (no MPI, no files but the ones named).
+Local, pure."""
+
+from pathlib import Path
+
+from ..core.layout import PS_LAYOUTS
+from ..core.optimizers import LRSchedule, make_optimizer
+from ..core.settings import RMA_READS, ROW_DTYPES, SHARDINGS, THREAD_LEVELS, TRANSPORTS, WAIT_POLICIES, parse_mode
+from .schema import FORMATS, MODELS, CheckpointConfig, Config, OptimizerSection
+
+__all__ = ["SWITCHES", "resolve_switch", "parse_permissions", "build_sparse_optimizer", "validate"]
+
+
+SWITCHES = {"auto": "auto", "on": "on", "true": "on", "yes": "on", "1": "on",
+            "off": "off", "false": "off", "no": "off", "0": "off"}
+
+
+def resolve_switch(value: str, auto: bool) -> bool:
+    """An ``auto | on | off`` setting (validated) as a bool, ``auto`` meaning ``auto``. Local."""
+    v = SWITCHES[str(value).lower()]
+    return auto if v == "auto" else v == "on"
+
+
+def parse_permissions(text, key: str) -> int:
+    """An octal permission string ("0700", "750", "0o640") as an int; ``ValueError`` naming ``key``. Local."""
+    try:
+        mode = int(str(text).lower().removeprefix("0o"), 8)
+    except ValueError:
+        mode = -1
+    if not 0 <= mode <= 0o777:
+        raise ValueError(f"config: {key} = {text!r}: must be an octal permission like 0700")
+    return mode
+
+
+def _check(ok, key, value, need):
+    if not ok:
+        raise ValueError(f"config: {key} = {value!r}: {need}")
+
+
+def build_sparse_optimizer(sec: OptimizerSection, total_steps: int):
+    """The ``hpcps.optim`` optimizer a config section describes. Local."""
+    schedule = LRSchedule(kind=sec.schedule, warmup_steps=sec.warmup_steps, step_size=sec.step_size,
+                          gamma=sec.gamma, total_steps=max(total_steps, 1), min_factor=sec.min_factor)
+    kw = {"lr": sec.lr, "schedule": schedule, "clip_norm": sec.clip_norm}
+    name = sec.name.lower()
+    if name in ("sgd", "momentum"):
+        kw.update(momentum=sec.momentum, weight_decay=sec.weight_decay)
+    elif name in ("adagrad", "rowwise_adagrad"):
+        if sec.eps:
+            kw["eps"] = sec.eps
+    elif name == "adam":
+        kw["betas"] = (sec.beta1, sec.beta2)
+        if sec.eps:
+            kw["eps"] = sec.eps
+    return make_optimizer(name, **kw)
+
+
+def validate(cfg: Config) -> None:
+    """Raise ``ValueError`` naming the first bad setting. Local."""
+    j, d, m = cfg.job, cfg.data, cfg.model
+    _check(j.num_ps >= 1, "job.num_ps", j.num_ps, "must be >= 1")
+    try:
+        parse_mode(j.mode)
+    except ValueError as e:
+        raise ValueError(f"config: job.mode = {j.mode!r}: {e}") from None
+    _check(j.transport in TRANSPORTS, "job.transport", j.transport, "must be auto or rma")
+    _check(j.wait in WAIT_POLICIES, "job.wait", j.wait, f"must be one of {', '.join(WAIT_POLICIES)}")
+    _check(j.rma_read in RMA_READS, "job.rma_read", j.rma_read, f"must be one of {', '.join(RMA_READS)}")
+    _check(j.mpi_threads in THREAD_LEVELS, "job.mpi_threads", j.mpi_threads,
+           f"must be one of {', '.join(THREAD_LEVELS)}")
+    _check(j.step_delay >= 0, "job.step_delay", j.step_delay, "must be >= 0")
+    _check(j.world_size >= 0, "job.world_size", j.world_size, "must be >= 0 (0: not checked)")
+    _check(j.ps_layout in PS_LAYOUTS, "job.ps_layout", j.ps_layout, f"must be one of {PS_LAYOUTS}")
+    _check(j.progress_timeout >= 0, "job.progress_timeout", j.progress_timeout, "must be >= 0 (0: wait forever)")
+    _check(j.steps >= 0 and j.epochs >= 0, "job.steps", j.steps, "steps and epochs must be >= 0")
+    _check(j.log_every >= 1, "job.log_every", j.log_every, "must be >= 1")
+    _check(j.eval_every >= 0, "job.eval_every", j.eval_every, "must be >= 0")
+    _check(d.format in FORMATS, "data.format", d.format, f"must be one of {', '.join(FORMATS)}")
+    _check(d.batch_size >= 1, "data.batch_size", d.batch_size, "must be >= 1")
+    _check(0 <= d.eval_fraction < 1, "data.eval_fraction", d.eval_fraction, "must be in [0, 1)")
+    if d.format == "synthetic-ctr":
+        _check(d.num_tables >= 1, "data.num_tables", d.num_tables, "must be >= 1")
+        _check(d.rows_per_table >= 1, "data.rows_per_table", d.rows_per_table, "must be >= 1")
+        _check(d.zipf > 1, "data.zipf", d.zipf, "must be > 1")
+        _check(d.eval_samples >= 1, "data.eval_samples", d.eval_samples, "must be >= 1")
+        _check(j.steps > 0 and j.epochs == 0, "job.steps", j.steps,
+               "synthetic data is endless: set job.steps > 0 and leave job.epochs = 0")
+    else:
+        _check(bool(d.path), "data.path", d.path, f"format {d.format} needs a file")
+        _check(Path(d.path).is_file(), "data.path", d.path, "no such file")
+        if d.eval_path:
+            _check(Path(d.eval_path).is_file(), "data.eval_path", d.eval_path, "no such file")
+        _check(j.steps > 0 or j.epochs > 0, "job.epochs", j.epochs, "set job.steps or job.epochs > 0")
+    _check(d.hash_rows >= 1, "data.hash_rows", d.hash_rows, "must be >= 1")
+    _check(m.kind in MODELS, "model.kind", m.kind, f"must be one of {', '.join(MODELS)}")
+    if m.kind == "mf":
+        _check(d.format == "ratings", "model.kind", m.kind, "mf needs data.format = ratings")
+    else:
+        _check(d.format != "ratings", "model.kind", m.kind, "ratings data needs model.kind = mf")
+    _check(m.dim >= 1, "model.dim", m.dim, "must be >= 1")
+    _check(m.sharding in SHARDINGS, "model.sharding", m.sharding, f"must be one of {', '.join(SHARDINGS)}")
+    _check(all(x >= 1 for x in m.bottom_mlp + m.top_mlp), "model.top_mlp", m.top_mlp, "sizes must be >= 1")
+    _check(m.dense_backend in ("auto", "shm", "mpi", "nccl"), "model.dense_backend", m.dense_backend,
+           "must be auto, shm, mpi or nccl")
+    _check(m.bucket_mb > 0, "model.bucket_mb", m.bucket_mb, "must be > 0")
+    _check(m.threads >= 0, "model.threads", m.threads, "must be >= 0 (0: the node's CPUs / its ranks)")
+    _check(m.device in ("cpu", "cuda"), "model.device", m.device, "must be cpu or cuda")
+    _check(not (m.device == "cpu" and m.dense_backend == "nccl"), "model.dense_backend", m.dense_backend,
+           "nccl needs model.device = cuda")
+    _check(not (m.device == "cuda" and m.dense_backend in ("mpi", "shm")), "model.dense_backend",
+           m.dense_backend, f"{m.dense_backend} all-reduces CPU tensors; use auto or nccl with model.device = cuda")
+    pl = cfg.pipeline
+    for key in ("prefetch", "background_push", "loader"):
+        v = getattr(pl, key)
+        _check(str(v).lower() in SWITCHES, f"pipeline.{key}", v, "must be auto, on or off")
+    _check(pl.cache_rows >= 0, "pipeline.cache_rows", pl.cache_rows, "must be >= 0")
+    _check(pl.cache_staleness >= 0, "pipeline.cache_staleness", pl.cache_staleness, "must be >= 0")
+    _check(pl.cache_rows == 0 or j.mode != "sync", "pipeline.cache_rows", pl.cache_rows,
+           "a cache serves rows up to pipeline.cache_staleness steps old, and job.mode = sync promises "
+           "fresh rows: use job.mode = async or ssp:S, or cache_rows = 0")
+    _check(pl.pull_dtype in ROW_DTYPES, "pipeline.pull_dtype", pl.pull_dtype, f"must be one of {', '.join(ROW_DTYPES)}")
+    _check(pl.push_dtype in ROW_DTYPES, "pipeline.push_dtype", pl.push_dtype, f"must be one of {', '.join(ROW_DTYPES)}")
+    c = cfg.checkpoint
+    _check(c.every_steps >= 0 and c.every_seconds >= 0, "checkpoint.every_steps", c.every_steps, "must be >= 0")
+    for key in ("every_steps", "every_seconds", "full_every"):
+        _check(bool(c.dir) or getattr(c, key) == CheckpointConfig().__dict__[key], f"checkpoint.{key}",
+               getattr(c, key), "needs checkpoint.dir (where would the checkpoints go?)")
+    _check(not c.dir or not Path(c.dir).exists() or Path(c.dir).is_dir(), "checkpoint.dir", c.dir,
+           "is a file, not a directory")
+    _check(c.keep >= 0, "checkpoint.keep", c.keep, "must be >= 0")
+    _check(c.full_every >= 1, "checkpoint.full_every", c.full_every, "must be >= 1")
+    _check(c.compression in ("", "gzip", "lzf"), "checkpoint.compression", c.compression, "must be '', gzip or lzf")
+    parse_permissions(c.dir_mode, "checkpoint.dir_mode")
+    parse_permissions(c.file_mode, "checkpoint.file_mode")
+    if c.resume not in ("auto", "none"):
+        _check(Path(c.resume).exists(), "checkpoint.resume", c.resume, "no such checkpoint")
+    for sec_name in ("sparse", "dense"):
+        sec = getattr(cfg.optimizer, sec_name)
+        key = f"optimizer.{sec_name}"
+        try:
+            if sec_name == "sparse":
+                build_sparse_optimizer(sec, max(j.steps, 1))
+            else:
+                _check(sec.name in ("sgd", "momentum", "adagrad", "adam"), f"{key}.name", sec.name,
+                       "must be sgd, momentum, adagrad or adam")
+                _check(sec.lr >= 0, f"{key}.lr", sec.lr, "must be >= 0")
+                LRSchedule(kind=sec.schedule, warmup_steps=sec.warmup_steps, step_size=sec.step_size,
+                           gamma=sec.gamma, total_steps=max(j.steps, 1), min_factor=sec.min_factor).check()
+        except ValueError as e:
+            msg = str(e)
+            raise ValueError(msg if msg.startswith("config:") else f"config: {key}: {msg}") from None

@@ -1,0 +1,155 @@
+"""The settings' dataclasses and their dotted keys. Local, pure."""
+
+import dataclasses
+from dataclasses import dataclass, field, fields
+
+__all__ = ["Config", "config_keys", "FORMATS", "MODELS", "ENV_ALIASES"]
+
+FORMATS = ("synthetic-ctr", "criteo", "ratings")
+MODELS = ("dlrm", "mf")
+# short environment names, kept from before these settings were config keys
+ENV_ALIASES = {"HPCPS_NUM_PS": "job.num_ps", "HPCPS_MODE": "job.mode", "HPCPS_TRANSPORT": "job.transport",
+               "HPCPS_WAIT": "job.wait", "HPCPS_RMA_READ": "job.rma_read", "HPCPS_MPI_THREADS": "job.mpi_threads",
+               "HPCPS_MALLOC_TUNE": "job.malloc_tune", "HPCPS_STEP_DELAY": "job.step_delay",
+               "HPCPS_WORLD_SIZE": "job.world_size", "HPCPS_NCCL_HOST": "model.nccl_host",
+               "HPCPS_PROGRESS_TIMEOUT": "job.progress_timeout", "HPCPS_PS_LAYOUT": "job.ps_layout"}
+
+
+@dataclass
+class JobConfig:
+    num_ps: int = 1             # PS ranks
+    mode: str = "sync"          # sync | async | ssp:S
+    steps: int = 3000           # training steps (used when epochs = 0)
+    epochs: int = 0             # passes over file data; > 0 overrides steps
+    seed: int = 0
+    transport: str = "auto"     # auto | rma
+    log_every: int = 20         # steps between metrics records
+    eval_every: int = 0         # steps between evaluations (0: only at the end)
+    export: str = ""            # .npz of the final weights written by worker 0 ("" = none)
+    wait: str = "auto"          # how waiting ranks wait: auto | yield | sleep (auto: sleep if the node is oversubscribed)
+    rma_read: str = "get_accumulate"  # remote pulls: get_accumulate (atomic per element) | get (faster)
+    mpi_threads: str = "serialized"   # MPI thread level: single | funneled | serialized | multiple
+    malloc_tune: bool = True    # restart with glibc's tcache off, trim the heap (hpcps.core.malloc)
+    step_delay: float = 0.0     # seconds each worker sleeps per step (demos and fault tests)
+    world_size: int = 0         # when > 0, the MPI world must have exactly this many ranks
+    progress_timeout: float = 600.0  # seconds a wait may see no progress before the job ends (0: never)
+    ps_layout: str = "spread"   # which ranks are PS: spread (round robin over nodes) | last (highest ranks)
+
+
+@dataclass
+class DataConfig:
+    format: str = "synthetic-ctr"
+    path: str = ""
+    eval_path: str = ""
+    batch_size: int = 1024      # global batch, split over the workers
+    eval_fraction: float = 0.1  # held out from `path` when there is no eval_path
+    skip_bad_lines: bool = False
+    num_tables: int = 8         # synthetic-ctr
+    rows_per_table: int = 10_000
+    num_dense: int = 13
+    zipf: float = 1.2
+    eval_samples: int = 50_000
+    signal: float = 1.0
+    hash_rows: int = 100_000    # criteo: rows per categorical table
+
+
+@dataclass
+class ModelConfig:
+    kind: str = "dlrm"          # dlrm | mf
+    dim: int = 16
+    bottom_mlp: list = field(default_factory=lambda: [64])
+    top_mlp: list = field(default_factory=lambda: [64, 32])
+    device: str = "cpu"         # cpu | cuda (dense layers; tables stay on the PS ranks)
+    dense_backend: str = "auto"  # auto: nccl for cuda; cpu: shm if the workers share a node, else mpi | shm | mpi | nccl
+    bucket_mb: float = 4.0
+    threads: int = 0            # torch threads per rank; 0: this node's CPUs / its ranks (at least 1)
+    fuse_tables: bool = True    # dlrm: every table in one table-batched hpcps table (one pull, push, apply per step)
+    sharding: str = "modulo"    # row placement over the PS ranks: modulo (id % P) | range (contiguous)
+    nccl_host: str = ""         # address worker 0 offers for the NCCL bootstrap ("" = its hostname's)
+
+
+@dataclass
+class OptimizerSection:
+    name: str = "sgd"
+    lr: float = 0.01
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    eps: float = 0.0            # 0: the optimizer's default
+    beta1: float = 0.9
+    beta2: float = 0.999
+    schedule: str = "constant"  # constant | step | cosine
+    warmup_steps: int = 0
+    step_size: int = 1000
+    gamma: float = 0.1
+    min_factor: float = 0.0
+    clip_norm: float = 0.0
+
+
+@dataclass
+class OptimizerConfig:
+    sparse: OptimizerSection = field(default_factory=lambda: OptimizerSection(name="adagrad", lr=0.15))
+    dense: OptimizerSection = field(default_factory=lambda: OptimizerSection(name="adam", lr=0.001))
+
+
+@dataclass
+class CheckpointConfig:
+    dir: str = ""               # checkpoint directory ("" = no checkpoints)
+    every_steps: int = 0        # 0: off
+    every_seconds: float = 0.0  # 0: off
+    keep: int = 3               # committed checkpoints kept (0 = all)
+    resume: str = "auto"        # auto (newest verified in dir) | none | PATH
+    compression: str = ""       # "" | gzip | lzf
+    full_every: int = 1         # a full checkpoint every K; the ones between hold only changed rows
+    dir_mode: str = "0700"      # permissions of checkpoint directories (octal)
+    file_mode: str = "0600"     # permissions of checkpoint files (octal)
+
+
+@dataclass
+class PipelineConfig:
+    # off | on | auto; auto: on when a worker reads some shard over RMA (a PS on another node, or
+    # job.transport = rma), off when every shard is a shared-memory gather (nothing to hide).
+    # Off by default: on the one machine measured (2 cores) the pipeline cost throughput
+    prefetch: str = "off"       # pull step t+1's rows while step t computes (exact in sync mode)
+    background_push: str = "off"  # pushes and prefetches run on a communication thread
+    # a child process per worker draws its training batches ahead (hpcps.data.loader); auto: on where
+    # the node has a CPU for each worker and one for each loader (the PS ranks mostly wait)
+    loader: str = "auto"
+    cache_rows: int = 0         # worker-side cache of hot rows per table (0 = off; async or ssp only)
+    cache_staleness: int = 2    # a cached row older than this many steps is pulled again
+    pull_dtype: str = "float32"  # float32 | bfloat16 | float16: rows travel to workers in 16 bits
+    push_dtype: str = "float32"  # float32 | bfloat16 | float16: per-row gradient sums rounded to 16 bits
+
+
+@dataclass
+class MetricsConfig:
+    path: str = ""              # JSONL file ("" = none)
+    progress: bool = True       # tqdm bar on worker 0
+
+
+@dataclass
+class Config:
+    job: JobConfig = field(default_factory=JobConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _leaves(obj, prefix=""):
+    for f in fields(obj):
+        v = getattr(obj, f.name)
+        key = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(v):
+            yield from _leaves(v, key + ".")
+        else:
+            yield key, f
+
+
+def config_keys() -> dict:
+    """Dotted key -> dataclass field of every setting. Local."""
+    return dict(_leaves(Config()))
