@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from hpcps.core.optimizers import Adagrad, Adam, LRSchedule, SGD, make_optimizer, new_state
+from hpcps.core.optimizers import FTRL, Adagrad, Adam, LRSchedule, SGD, make_optimizer, new_state
 
 ROWS, DIM, STEPS = 6, 5, 25
 
@@ -88,6 +88,51 @@ def test_rowwise_adagrad_fbgemm_formula(data):
     np.testing.assert_allclose(_run_ours(Adagrad(lr=0.1, rowwise=True), w0, grads, some), w, rtol=1e-5, atol=1e-6)
 
 
+def _ftrl_paper(w0, grads, touched, alpha, beta, l1, l2):
+    """McMahan et al. 2013, Algorithm 1, per coordinate in float64; z starts where it gives back w0."""
+    w = w0.astype(np.float64).copy()
+    z, n = np.zeros_like(w), np.zeros_like(w)
+    seen = np.zeros(ROWS, bool)
+    for g, rows in zip(grads, touched):
+        for r in rows:
+            if not seen[r]:
+                seen[r] = True
+                for j in range(DIM):
+                    sign = math.copysign(1.0, w[r, j]) if w[r, j] else 0.0
+                    z[r, j] = -w[r, j] * ((beta + math.sqrt(n[r, j])) / alpha + l2) - sign * l1
+            for j in range(DIM):
+                gi = float(g[r, j])
+                sigma = (math.sqrt(n[r, j] + gi * gi) - math.sqrt(n[r, j])) / alpha
+                z[r, j] += gi - sigma * w[r, j]
+                n[r, j] += gi * gi
+                if abs(z[r, j]) <= l1:
+                    w[r, j] = 0.0
+                else:
+                    w[r, j] = -(z[r, j] - math.copysign(l1, z[r, j])) / ((beta + math.sqrt(n[r, j])) / alpha + l2)
+    return w
+
+
+@pytest.mark.parametrize("l1,l2,zero_start", [(0.0, 0.0, True), (0.5, 0.1, True), (0.0, 0.0, False),
+                                               (0.3, 1.0, False)])
+def test_ftrl_matches_the_papers_algorithm(data, l1, l2, zero_start):
+    w0, grads, _, some = data
+    w0 = np.zeros_like(w0) if zero_start else w0
+    got = _run_ours(FTRL(lr=0.1, beta=1.0, l1=l1, l2=l2), w0, grads, some)
+    want = _ftrl_paper(w0, grads, some, 0.1, 1.0, l1, l2)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    if l1 and zero_start:
+        assert (got == 0).any()                             # L1 makes exact zeros
+    untouched = np.setdiff1d(np.arange(ROWS), np.concatenate(some))
+    np.testing.assert_array_equal(got[untouched], w0[untouched])
+
+
+def test_ftrl_starts_rows_where_their_initialiser_put_them(data):
+    # a tiny gradient moves a row a little, not to ~0 as FTRL from zero weights would
+    w0, grads, every, _ = data
+    got = _run_ours(FTRL(lr=0.1), w0, [g * 1e-4 for g in grads[:1]], every[:1])
+    assert np.abs(got - w0).max() < 1e-3
+
+
 def test_clip_norm_per_row(data):
     w0, grads, every, _ = data
     g = [x * 100 for x in grads[:1]]
@@ -120,6 +165,8 @@ def test_plain_sgd_is_stateless_others_are_not():
     ("nope", {}, "unknown sparse optimizer 'nope'"),
     ("sgd", {"momentum": 1.5}, "momentum"),
     ("adagrad", {"eps": 0}, "eps"),
+    ("ftrl", {"beta": 0.0}, "divide by 0"),
+    ("ftrl", {"l1": -1}, "l1"),
 ])
 def test_bad_hyperparameters(name, kw, msg):
     with pytest.raises(ValueError, match=msg):

@@ -52,6 +52,8 @@ OPTIMIZERS = [
     ["optimizer.sparse.name=adagrad", "optimizer.sparse.eps=1e-3"],
     ["optimizer.sparse.name=rowwise_adagrad", "optimizer.sparse.lr=0.2"],
     ["optimizer.sparse.name=adam", "optimizer.sparse.lr=0.05"],
+    # FTRL-proximal, l1 = 0: an L1 threshold would turn the order of the workers' sums into jumps
+    ["optimizer.sparse.name=ftrl", "optimizer.sparse.lr=0.1", "optimizer.sparse.l2=0.01"],
 ]
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 from ..core.layout import PS_LAYOUTS
 from ..core.optimizers import LRSchedule, make_optimizer
 from ..core.settings import RMA_READS, ROW_DTYPES, SHARDINGS, THREAD_LEVELS, TRANSPORTS, WAIT_POLICIES, parse_mode
-from .schema import FORMATS, MODELS, CheckpointConfig, Config, OptimizerSection
+from .schema import FORMATS, MODELS, CheckpointConfig, Config, SparseOptimizerSection
 
 __all__ = ["SWITCHES", "resolve_switch", "parse_permissions", "build_sparse_optimizer", "validate"]
 
@@ -37,7 +37,7 @@ def _check(ok, key, value, need):
         raise ValueError(f"config: {key} = {value!r}: {need}")
 
 
-def build_sparse_optimizer(sec: OptimizerSection, total_steps: int):
+def build_sparse_optimizer(sec: SparseOptimizerSection, total_steps: int):
     """The ``hpcps.optim`` optimizer a config section describes. Local."""
     schedule = LRSchedule(kind=sec.schedule, warmup_steps=sec.warmup_steps, step_size=sec.step_size,
                           gamma=sec.gamma, total_steps=max(total_steps, 1), min_factor=sec.min_factor)
@@ -52,6 +52,11 @@ def build_sparse_optimizer(sec: OptimizerSection, total_steps: int):
         kw["betas"] = (sec.beta1, sec.beta2)
         if sec.eps:
             kw["eps"] = sec.eps
+    elif name == "ftrl":
+        kw.update(l1=sec.l1, l2=sec.l2, beta=sec.ftrl_beta)
+    if name != "ftrl" and (sec.l1 or sec.l2 or sec.ftrl_beta != 1.0):
+        raise ValueError(f"l1, l2 and ftrl_beta are FTRL's, and the optimizer is {sec.name!r} (weight decay: "
+                         f"weight_decay; for FTRL: name = \"ftrl\")")
     return make_optimizer(name, **kw)
 
 

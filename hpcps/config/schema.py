@@ -86,8 +86,15 @@ class OptimizerSection:
 
 
 @dataclass
+class SparseOptimizerSection(OptimizerSection):
+    l1: float = 0.0             # ftrl: L1 strength (entries within it are exactly 0)
+    l2: float = 0.0             # ftrl: L2 strength
+    ftrl_beta: float = 1.0      # ftrl: the paper's beta (learning-rate smoothing)
+
+
+@dataclass
 class OptimizerConfig:
-    sparse: OptimizerSection = field(default_factory=lambda: OptimizerSection(name="adagrad", lr=0.15))
+    sparse: SparseOptimizerSection = field(default_factory=lambda: SparseOptimizerSection(name="adagrad", lr=0.15))
     dense: OptimizerSection = field(default_factory=lambda: OptimizerSection(name="adam", lr=0.001))
 
 

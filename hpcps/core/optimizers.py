@@ -21,7 +21,7 @@ import numpy as np
 
 from .settings import F32_MAX as _F32_MAX
 
-__all__ = ["LRSchedule", "SparseOptimizer", "SGD", "Adagrad", "Adam", "make_optimizer"]
+__all__ = ["LRSchedule", "SparseOptimizer", "SGD", "Adagrad", "Adam", "FTRL", "make_optimizer"]
 
 
 @dataclass(frozen=True)
@@ -221,11 +221,65 @@ class Adam(SparseOptimizer):
         return new
 
 
-_NAMES = {"sgd": SGD, "momentum": SGD, "adagrad": Adagrad, "rowwise_adagrad": Adagrad, "adam": Adam}
+@dataclass(frozen=True)
+class FTRL(SparseOptimizer):
+    """FTRL-proximal (McMahan et al., "Ad Click Prediction: a View from the Trenches", KDD 2013,
+    Algorithm 1) per entry, with ``alpha = lr``, ``beta``, ``l1``, ``l2``:
+    ``sigma = (sqrt(n + g^2) - sqrt(n)) / alpha; z += g - sigma * w; n += g^2;
+    w = 0 if |z| <= l1 else -(z - sign(z) * l1) / ((beta + sqrt(n)) / alpha + l2)``.
+
+    The paper starts every weight at 0. Embedding rows start from their initialiser instead: at a
+    row's first update ``z`` is set to the value that gives back its current weights
+    (``z = -w * ((beta + sqrt(n)) / alpha + l2) - sign(w) * l1``), so a row with zero initial weights
+    follows the paper exactly and any other starts where it was. With ``l1 > 0`` entries whose
+    accumulated gradient stays within ``l1`` are exactly 0 (sparse models)."""
+
+    lr: float = 0.05
+    beta: float = 1.0
+    l1: float = 0.0
+    l2: float = 0.0
+    initial_accumulator_value: float = 0.0
+    schedule: LRSchedule = field(default_factory=LRSchedule)
+    clip_norm: float = 0.0
+
+    def check(self):
+        super().check()
+        if self.lr <= 0 or self.beta < 0 or self.l1 < 0 or self.l2 < 0 or self.initial_accumulator_value < 0:
+            raise ValueError(f"FTRL: need lr > 0 and beta, l1, l2, initial_accumulator_value >= 0: {self}")
+        if not (self.beta or self.l2 or self.initial_accumulator_value):
+            raise ValueError("FTRL: beta, l2 and initial_accumulator_value are all 0: the first update of an "
+                             "entry would divide by 0; use beta > 0 (the paper's 1.0)")
+
+    def state_shapes(self, rows, dim):
+        return {"z": (rows, dim), "n": (rows, dim)}
+
+    def _denominator(self, n, alpha):
+        return n.sqrt().add_(self.beta).div_(alpha).add_(self.l2)
+
+    def apply(self, w, state, rows, g, step, count):
+        g = self.clip(g)
+        alpha = self.lr_at(step)
+        wr, z, n = w[rows], state["z"][rows], state["n"][rows]
+        fresh = ~state["_seen"][rows]
+        if fresh.any():               # z that reproduces the row's current weights
+            wf = wr[fresh]
+            z[fresh] = -wf * self._denominator(n[fresh], alpha) - wf.sign() * self.l1
+            state["_seen"][rows] = True
+        n_new = n + g * g
+        sigma = (n_new.sqrt() - n.sqrt()).div_(alpha)
+        z.add_(g).sub_(sigma * wr)
+        new = -(z - z.sign() * self.l1) / self._denominator(n_new, alpha)
+        new[z.abs() <= self.l1] = 0.0
+        state["z"][rows], state["n"][rows] = z, n_new
+        w[rows] = new
+        return new
+
+
+_NAMES = {"sgd": SGD, "momentum": SGD, "adagrad": Adagrad, "rowwise_adagrad": Adagrad, "adam": Adam, "ftrl": FTRL}
 
 
 def make_optimizer(name: str, **kw) -> SparseOptimizer:
-    """Build an optimizer by config name: sgd, momentum, adagrad, rowwise_adagrad, adam. Local."""
+    """Build an optimizer by config name: sgd, momentum, adagrad, rowwise_adagrad, adam, ftrl. Local."""
     key = name.lower().replace("-", "_")
     if key not in _NAMES:
         raise ValueError(f"unknown sparse optimizer {name!r}; choose one of {sorted(_NAMES)}")
@@ -242,8 +296,8 @@ def new_state(opt: SparseOptimizer, rows: int, dim: int) -> dict:
     """Zeroed state arrays for ``rows`` rows (numpy float32; ``_seen`` flags for momentum). Local."""
     state = {}
     for name, shape in opt.state_shapes(rows, dim).items():
-        init = getattr(opt, "initial_accumulator_value", 0.0) if name == "sum" else 0.0
+        init = getattr(opt, "initial_accumulator_value", 0.0) if name in ("sum", "n") else 0.0
         state[name] = np.full(shape, init, dtype=np.float32)
-    if getattr(opt, "momentum", 0):
+    if getattr(opt, "momentum", 0) or isinstance(opt, FTRL):
         state["_seen"] = np.zeros(rows, dtype=bool)
     return state
