@@ -16,6 +16,7 @@ from .config import Config, build_sparse_optimizer
 from .data import make_data
 from .core.ids import initial_rows
 from .core.optimizers import SGD, Adagrad, Adam, new_state
+from .models import embedding_penalty
 from .train import build_model, dense_optimizer, dense_schedule, table_specs, total_steps
 
 __all__ = ["train_reference"]
@@ -42,8 +43,8 @@ def train_reference(cfg: Config, steps: int | None = None) -> dict:
     opt = build_sparse_optimizer(cfg.optimizer.sparse, steps)
     torch.manual_seed(cfg.job.seed)
     embs, names = [], []
-    for name, rows, dim, scale in table_specs(cfg, data):
-        w = torch.from_numpy(initial_rows(cfg.job.seed, name, np.arange(rows), dim, scale))
+    for name, rows, dim, kind, scale in table_specs(cfg, data):
+        w = torch.from_numpy(initial_rows(cfg.job.seed, name, np.arange(rows), dim, scale, kind=kind))
         embs.append(torch.nn.EmbeddingBag.from_pretrained(w, freeze=False, mode="sum", sparse=True))
         names.append(name)
     model = build_model(cfg, embs, data)
@@ -63,7 +64,10 @@ def train_reference(cfg: Config, steps: int | None = None) -> dict:
     for step in range(steps):
         b = data.train_batch(step)
         out = model(torch.from_numpy(b.dense), [torch.from_numpy(s) for s in b.sparse])
-        loss = crit(out, torch.from_numpy(b.labels), reduction="sum") / B
+        loss = crit(out, torch.from_numpy(b.labels), reduction="sum")
+        if cfg.model.embedding_l2:
+            loss = loss + cfg.model.embedding_l2 * embedding_penalty(model)
+        loss = loss / B
         dopt.zero_grad(set_to_none=True)
         for p in emb_params:
             p.grad = None

@@ -54,6 +54,12 @@ def test_file_errors_name_the_key(tmp_path, text, msg):
     (["model.dense_backend=gloo"], "model.dense_backend = 'gloo': must be auto, shm, mpi or nccl"),
     (["model.device=cuda", "model.dense_backend=shm"], "shm all-reduces CPU tensors"),
     (["model.threads=-2"], "model.threads = -2: must be >= 0"),
+    (["model.init=xavier"], "model.init = 'xavier': must be one of auto, uniform, normal, zeros"),
+    (["model.init_scale=-1"], "model.init_scale = -1.0: must be finite and >= 0"),
+    (["model.embedding_l2=nan"], "model.embedding_l2 = nan"),
+    (["model.dropout=1"], "model.dropout = 1.0: must be in .0, 1)"),
+    (["optimizer.sparse.l1=0.1"], "l1, l2 and ftrl_beta are FTRL's, and the optimizer is 'adagrad'"),
+    (["optimizer.sparse.name=ftrl", "optimizer.sparse.ftrl_beta=0"], "would divide by 0"),
     (["job.steps"], "--set takes key=value"),
     (["job.steps=0"], "synthetic data is endless"),
     (["checkpoint.dir_mode=rwx"], "checkpoint.dir_mode = 'rwx': must be an octal permission"),
@@ -92,7 +98,7 @@ def test_examples_load(name, monkeypatch, tmp_path):
     assert isinstance(c, Config)
 
 
-def test_every_key_is_documented_in_help_and_readme():
+def test_every_key_is_documented_in_help_and_the_reference():
     import re
     import subprocess
     import sys
@@ -101,11 +107,13 @@ def test_every_key_is_documented_in_help_and_readme():
     out = subprocess.run([sys.executable, "-m", "hpcps", "train", "--help"], capture_output=True, text=True,
                          check=True).stdout
     readme = (ROOT / "README.md").read_text()
+    reference = (ROOT / "docs" / "configuration.md").read_text()
+    assert "docs/configuration.md" in readme
     for key in config_keys():
         section, _, name = key.rpartition(".")
         block = re.search(rf"^  {re.escape(section)}: (.*(?:\n {{5,}}.*)*)", out, re.M)
         assert block and re.search(rf"(^|\s){name}=", block.group(1)), key
-        assert f"`{key}`" in readme, f"README does not list {key}"
+        assert f"`{key}`" in reference, f"docs/configuration.md does not list {key}"
     for env in ENV_ALIASES:
         assert f"`{env}`" in readme, f"README does not list {env}"
 

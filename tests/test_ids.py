@@ -1,5 +1,7 @@
 import numpy as np
 
+import pytest
+
 from hpcps.core.ids import default_scale, initial_rows
 
 
@@ -27,6 +29,17 @@ def test_range_and_spread():
     assert abs(float(x.mean())) < 0.01 * s
     assert abs(float(x.std()) - s / np.sqrt(3)) < 0.01 * s     # uniform
     assert np.unique(x).size > 0.9 * x.size                    # no repeated pattern
+
+
+def test_normal_and_zeros_initialisers():
+    x = initial_rows(0, "t", np.arange(20000), 16, 0.1, kind="normal")
+    assert x.dtype == np.float32 and np.isfinite(x).all()
+    assert abs(float(x.mean())) < 0.002 and abs(float(x.std()) - 0.1) < 0.002
+    assert abs(float(((x / 0.1) ** 4).mean()) - 3.0) < 0.1          # a normal's kurtosis, not a uniform's 1.8
+    np.testing.assert_array_equal(x[7:9], initial_rows(0, "t", [7, 8], 16, 0.1, kind="normal"))
+    assert not initial_rows(0, "t", np.arange(5), 3, 1.0, kind="zeros").any()
+    with pytest.raises(ValueError, match="init must be one of uniform, normal, zeros, got 'he'"):
+        initial_rows(0, "t", [1], 3, kind="he")
 
 
 def test_scale_zero_gives_zeros():

@@ -3,7 +3,8 @@
 import torch
 import torch.nn.functional as F
 
-from hpcps.models.dlrm import DLRM, pair_spread, pairwise_dots
+from hpcps.models import MatrixFactorization, embedding_penalty
+from hpcps.models.dlrm import DLRM, mlp, pair_spread, pairwise_dots
 from hpcps.nn import _gather
 
 
@@ -68,3 +69,18 @@ def test_dlrm_gradients_equal_the_plain_autograd_model():
     torch.testing.assert_close(out, ref, rtol=0, atol=0)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_embedding_penalty_counts_each_occurrence_and_dropout_sits_after_hidden_layers():
+    torch.manual_seed(0)
+    embs = [torch.nn.EmbeddingBag(10, 3, mode="sum", sparse=True) for _ in range(2)] + \
+           [torch.nn.EmbeddingBag(10, 1, mode="sum", sparse=True) for _ in range(2)]
+    mf = MatrixFactorization(embs)
+    users, items = torch.tensor([1, 1, 4]), torch.tensor([2, 5, 5])
+    mf(None, [users, items])
+    w = [e.weight.detach() for e in embs]
+    want = sum(float(w[k][ids].pow(2).sum()) for k, ids in ((0, users), (1, items), (2, users), (3, items)))
+    assert abs(float(embedding_penalty(mf).detach()) - want) < 1e-5         # user 1 and item 5 count twice
+    kinds = [type(m).__name__ for m in mlp([4, 8, 8, 1], last_activation=False, dropout=0.2)]
+    assert kinds == ["Linear", "ReLU", "Dropout", "Linear", "ReLU", "Dropout", "Linear"]
+    assert "Dropout" not in [type(m).__name__ for m in mlp([4, 8, 1], last_activation=False)]

@@ -10,6 +10,8 @@ import pytest
 from hpcps.config import load_config
 from hpcps.reference import train_reference
 from hpcps.core.ids import initial_rows
+from hpcps.data import make_data
+from hpcps.train import table_specs
 from mpirun import ROOT, run_mpi
 
 TINY = ROOT / "tests" / "configs" / "tiny_ctr.toml"
@@ -37,9 +39,9 @@ def _assert_equals_reference(tmp_path, n, sets, config=TINY, **kw):
     for k, want in ref.items():
         np.testing.assert_allclose(got[k], want, rtol=1e-4, atol=5e-5, err_msg=k)
     # the comparison means something: tables moved far more than the tolerance
-    moved = max(float(np.abs(ref[k] - initial_rows(cfg.job.seed, k.split("/")[1], np.arange(ref[k].shape[0]),
-                                                   ref[k].shape[1], 0.0 if "bias" in k else None)).max())
-                for k in ref if k.startswith("tables/"))
+    start = {name: initial_rows(cfg.job.seed, name, np.arange(rows), dim, scale, kind=kind)
+             for name, rows, dim, kind, scale in table_specs(cfg, make_data(cfg.data, cfg.job.seed, 1, 0))}
+    moved = max(float(np.abs(ref[k] - start[k.split("/")[1]]).max()) for k in ref if k.startswith("tables/"))
     assert moved > 2e-3, moved                                  # 40x the tolerance
 
 
@@ -105,14 +107,17 @@ def test_batch_loader_changes_no_bit(tmp_path, n):
 
 
 def test_sync_equals_torch_with_a_table_per_feature(tmp_path):
-    _assert_equals_reference(tmp_path, 3, OPTIMIZERS[2] + ["model.fuse_tables=false"])
+    # with the per-occurrence embedding L2 in the loss, and normal initial rows
+    _assert_equals_reference(tmp_path, 3, OPTIMIZERS[2] + ["model.fuse_tables=false", "model.embedding_l2=0.01",
+                                                           "model.init=normal", "model.init_scale=0.05"])
 
 
 def test_sync_equivalence_with_decay_schedule_clipping(tmp_path):
     _assert_equals_reference(tmp_path, 4, [
         "optimizer.sparse.name=sgd", "optimizer.sparse.lr=0.5", "optimizer.sparse.weight_decay=0.05",
         "optimizer.sparse.schedule=cosine", "optimizer.sparse.warmup_steps=5", "optimizer.sparse.clip_norm=0.05",
-        "optimizer.dense.name=momentum", "optimizer.dense.schedule=step", "optimizer.dense.step_size=10"])
+        "optimizer.dense.name=momentum", "optimizer.dense.schedule=step", "optimizer.dense.step_size=10",
+        "model.embedding_l2=0.02"])
 
 
 def test_sync_equivalence_matrix_factorisation(tmp_path):
@@ -121,7 +126,7 @@ def test_sync_equivalence_matrix_factorisation(tmp_path):
     data.write_text("".join(f"{rng.integers(40)}::{rng.zipf(1.5) % 30}::{rng.integers(1, 6)}\n" for _ in range(1500)))
     _assert_equals_reference(tmp_path, 4, [
         "data.format=ratings", f"data.path={data}", "model.kind=mf", "data.batch_size=60", "job.epochs=2",
-        "optimizer.sparse.name=adam", "optimizer.sparse.lr=0.05", "optimizer.dense.name=sgd"])
+        "optimizer.sparse.name=adam", "optimizer.sparse.lr=0.05", "optimizer.dense.name=sgd", "model.embedding_l2=0.02"])
 
 
 def test_async_converges_like_sync():

@@ -1,8 +1,10 @@
 """What makes a setting valid, read from the settings alone (no MPI, no files but the ones named).
 Local, pure."""
 
+import math
 from pathlib import Path
 
+from ..core.ids import INITS
 from ..core.layout import PS_LAYOUTS
 from ..core.optimizers import LRSchedule, make_optimizer
 from ..core.settings import RMA_READS, ROW_DTYPES, SHARDINGS, THREAD_LEVELS, TRANSPORTS, WAIT_POLICIES, parse_mode
@@ -103,6 +105,13 @@ def validate(cfg: Config) -> None:
     else:
         _check(d.format != "ratings", "model.kind", m.kind, "ratings data needs model.kind = mf")
     _check(m.dim >= 1, "model.dim", m.dim, "must be >= 1")
+    _check(m.init in ("auto", *INITS), "model.init", m.init, f"must be one of auto, {', '.join(INITS)}")
+    _check(m.init_scale >= 0 and math.isfinite(m.init_scale), "model.init_scale", m.init_scale,
+           "must be finite and >= 0 (0: the model's default)")
+    _check(m.embedding_l2 >= 0 and math.isfinite(m.embedding_l2), "model.embedding_l2", m.embedding_l2,
+           "must be finite and >= 0")
+    _check(0 <= m.dropout < 1, "model.dropout", m.dropout, "must be in [0, 1)")
+    _check(m.dropout == 0 or m.kind == "dlrm", "model.dropout", m.dropout, "only a dlrm model has MLPs to drop out of")
     _check(m.sharding in SHARDINGS, "model.sharding", m.sharding, f"must be one of {', '.join(SHARDINGS)}")
     _check(all(x >= 1 for x in m.bottom_mlp + m.top_mlp), "model.top_mlp", m.top_mlp, "sizes must be >= 1")
     _check(m.dense_backend in ("auto", "shm", "mpi", "nccl"), "model.dense_backend", m.dense_backend,

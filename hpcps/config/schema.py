@@ -66,6 +66,10 @@ class ModelConfig:
     fuse_tables: bool = True    # dlrm: every table in one table-batched hpcps table (one pull, push, apply per step)
     sharding: str = "modulo"    # row placement over the PS ranks: modulo (id % P) | range (contiguous)
     nccl_host: str = ""         # address worker 0 offers for the NCCL bootstrap ("" = its hostname's)
+    init: str = "auto"          # embedding rows' initialiser: auto | uniform | normal | zeros (MF biases: zeros)
+    init_scale: float = 0.0     # uniform half-width / normal std; 0: auto (DLRM sqrt(1/rows), MF 0.1)
+    embedding_l2: float = 0.0   # per-occurrence L2 on the looked-up rows, in the loss (0: off)
+    dropout: float = 0.0        # dlrm: dropout after each hidden MLP layer
 
 
 @dataclass

@@ -8,12 +8,17 @@ from torch import nn
 __all__ = ["DLRM", "mlp", "pair_spread", "pairwise_dots"]
 
 
-def mlp(sizes, last_activation: bool) -> nn.Sequential:
+def mlp(sizes, last_activation: bool, dropout: float = 0.0) -> nn.Sequential:
+    """Linear layers with ReLU between them (and after the last with ``last_activation``);
+    ``dropout`` after each hidden layer's ReLU. Local."""
     layers = []
     for i in range(len(sizes) - 1):
         layers.append(nn.Linear(sizes[i], sizes[i + 1]))
-        if i < len(sizes) - 2 or last_activation:
+        hidden = i < len(sizes) - 2
+        if hidden or last_activation:
             layers.append(nn.ReLU())
+        if hidden and dropout:
+            layers.append(nn.Dropout(dropout))
     return nn.Sequential(*layers)
 
 
@@ -68,29 +73,35 @@ class DLRM(nn.Module):
     ``ShardedEmbeddingBag`` in training, ``torch.nn.EmbeddingBag`` in the
     single-process reference. Or one module mapping the list of every table's
     ``(B,)`` ids to ``(B, tables, dim)`` (``hpcps.nn.ShardedEmbeddingCollection``,
-    what ``hpcps train`` uses): the same model, fewer autograd nodes.
+    what ``hpcps train`` uses): the same model, fewer autograd nodes. ``dropout``: after each
+    hidden layer of both MLPs (``model.eval()`` turns it off). After a forward, ``looked_up`` holds
+    the embedding rows it used (for :func:`embedding_penalty`).
     """
 
-    def __init__(self, embeddings, num_dense: int, dim: int, bottom_mlp=(64,), top_mlp=(64, 32)):
+    def __init__(self, embeddings, num_dense: int, dim: int, bottom_mlp=(64,), top_mlp=(64, 32),
+                 dropout: float = 0.0):
         super().__init__()
         self.collection = isinstance(embeddings, nn.Module) and not isinstance(embeddings, nn.ModuleList)
         self.embeddings = embeddings if self.collection else nn.ModuleList(embeddings)
-        self.bottom = mlp([num_dense, *bottom_mlp, dim], last_activation=True) if num_dense else None
+        self.bottom = mlp([num_dense, *bottom_mlp, dim], last_activation=True, dropout=dropout) if num_dense else None
         n = len(self.embeddings) + (1 if num_dense else 0)
         i, j = torch.tril_indices(n, n, offset=-1)       # strictly lower triangle, as flat indices
         self.register_buffer("_pairs", i * n + j, persistent=False)
         self.register_buffer("_spread", pair_spread(self._pairs, n), persistent=False)
         top_in = (dim if num_dense else 0) + n * (n - 1) // 2
-        self.top = mlp([top_in, *top_mlp, 1], last_activation=False)
+        self.top = mlp([top_in, *top_mlp, 1], last_activation=False, dropout=dropout)
+        self.looked_up = []
 
     def forward(self, dense, sparse):
         x = self.bottom(dense) if self.bottom is not None else None
         if self.collection:
             T = self.embeddings(sparse)                      # (B, tables, dim)
+            self.looked_up = [T]
             if x is not None:
                 T = torch.cat([x.unsqueeze(1), T], dim=1)
         else:
             feats = [emb(ids.view(-1, 1)) for emb, ids in zip(self.embeddings, sparse)]
+            self.looked_up = feats
             T = torch.stack(([x] if x is not None else []) + feats, dim=1)   # (B, n, dim)
         inter = pairwise_dots(T, self._pairs, self._spread)              # (B, n (n - 1) / 2)
         top_in = torch.cat([x, inter], dim=1) if x is not None else inter

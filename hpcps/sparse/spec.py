@@ -5,12 +5,13 @@ import hashlib
 
 import numpy as np
 
+from ..core.ids import INITS, default_scale
 from ..core.optimizers import SGD, SparseOptimizer
 from ..core.settings import RMA_READS, ROW_DTYPES, TRANSPORTS
 from ..core.wait import wait_request
 from ..errors import RoleError
 
-__all__ = ["check_segments", "check_args", "agree"]
+__all__ = ["check_segments", "check_init", "check_args", "agree"]
 
 
 def check_segments(name: str, segments, num_rows: int):
@@ -31,6 +32,30 @@ def check_segments(name: str, segments, num_rows: int):
         raise ValueError(f"table {name!r}: segments hold {sum(int(r) for _, r in parts)} rows, the table "
                          f"{num_rows}")
     return tuple((n, int(r)) for n, r in parts)
+
+
+def check_init(name: str, init: str, init_scale, segments, dim: int) -> tuple:
+    """The initialiser's kind and one scale per logical table (each segment, or the table):
+    ``init_scale`` is None (``1/sqrt(dim)``), a number, or with segments a sequence of one number
+    per segment. Local."""
+    if init not in INITS:
+        raise ValueError(f"table {name!r}: init must be one of {', '.join(INITS)}, got {init!r}")
+    parts = len(segments) if segments else 1
+    if init_scale is None:
+        scales = (default_scale(dim),) * parts
+    elif isinstance(init_scale, (int, float, np.integer, np.floating)) and not isinstance(init_scale, bool):
+        scales = (float(init_scale),) * parts
+    else:
+        try:
+            scales = tuple(float(x) for x in init_scale)
+        except (TypeError, ValueError):
+            raise ValueError(f"table {name!r}: init_scale must be a number or one per segment, "
+                             f"got {init_scale!r}") from None
+        if len(scales) != parts:
+            raise ValueError(f"table {name!r}: init_scale has {len(scales)} values for {parts} segment(s)")
+    if not all(np.isfinite(x) and x >= 0 for x in scales):
+        raise ValueError(f"table {name!r}: init_scale must be finite and >= 0, got {init_scale!r}")
+    return init, scales
 
 
 def check_args(ctx, name, num_rows, dim, optimizer, transport, pull_dtype, push_dtype, rma_read):

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from mpi4py import MPI
 
-from ..core.ids import default_scale, initial_rows
+from ..core.ids import initial_rows
 from ..core.optimizers import SparseOptimizer, new_state
 from ..core.sharding import logical_tables, make_sharding
 from ..core.window import Window
@@ -32,7 +32,7 @@ from .mailbox import Mailbox
 from .pull import PullHandle, gather_local, pull_async
 from .push import PushHandle, push_many
 from .staging import Staging
-from .spec import agree, check_args, check_segments
+from .spec import agree, check_args, check_init, check_segments
 from .tracking import DirtyRows, RowVersions
 from .validate import as_ids
 
@@ -68,6 +68,10 @@ class EmbeddingTable:
     Collective over the world communicator of ``ctx``: every rank, PS and
     worker, creates the same tables in the same order, before the PS ranks
     call ``ctx.serve()``. Initial rows depend only on ``(seed, name, row id)``.
+
+    init: ``"uniform"`` (in ``[-init_scale, init_scale)``, the default), ``"normal"`` (standard
+    deviation ``init_scale``) or ``"zeros"``; ``init_scale`` defaults to ``1/sqrt(dim)``, and with
+    ``segments`` may be a sequence, one per segment (``hpcps.initial_rows``).
 
     sharding: which PS owns each row: ``None`` or ``"modulo"`` (``id % P``, the default),
     ``"range"`` (contiguous ranges), or a sharding object for ``num_rows`` rows over
@@ -107,18 +111,19 @@ class EmbeddingTable:
                  optimizer: SparseOptimizer | None = None, seed: int = 0,
                  init_scale: float | None = None, transport: str | None = None, track_dirty: bool = False,
                  track_versions: bool = False, pull_dtype: str = "float32", push_dtype: str = "float32",
-                 segments=None, sharding=None, rma_read: str | None = None):
+                 segments=None, sharding=None, rma_read: str | None = None, init: str = "uniform"):
         optimizer, transport, rma_read = check_args(ctx, name, num_rows, dim, optimizer, transport, pull_dtype,
                                                      push_dtype, rma_read)
-        scale = default_scale(dim) if init_scale is None else float(init_scale)
         segments = check_segments(name, segments, int(num_rows))
+        init, scales = check_init(name, init, init_scale, segments, dim)
         sharding = make_sharding(sharding, int(num_rows), ctx.num_ps)
-        spec = (name, int(num_rows), int(dim), repr(optimizer), int(seed), scale, transport, bool(track_dirty),
-                bool(track_versions), pull_dtype, push_dtype, segments, repr(sharding), rma_read)
+        spec = (name, int(num_rows), int(dim), repr(optimizer), int(seed), init, scales, transport,
+                bool(track_dirty), bool(track_versions), pull_dtype, push_dtype, segments, repr(sharding), rma_read)
         agree(ctx, name, spec)
 
         self.ctx, self.name, self.num_rows, self.dim = ctx, name, int(num_rows), int(dim)
-        self.optimizer, self.seed, self.init_scale, self.transport = optimizer, int(seed), scale, transport
+        self.optimizer, self.seed, self.transport = optimizer, int(seed), transport
+        self.init, self.init_scales, self.init_scale = init, scales, scales[0]
         self.segments, self.sharding, self.rma_read = segments, sharding, rma_read
         self.pull_dtype, self.push_dtype = pull_dtype, push_dtype
         self.track_dirty, self.track_versions = bool(track_dirty), bool(track_versions)
@@ -174,7 +179,7 @@ class EmbeddingTable:
             for j, (seg, _, _) in enumerate(self.logical):
                 if cut[j] < cut[j + 1]:
                     initial_rows(self.seed, seg, gids[cut[j]:cut[j + 1]] - self._starts[j], self.dim,
-                                 self.init_scale, out=shard[start + cut[j]:start + cut[j + 1]])
+                                 self.init_scales[j], out=shard[start + cut[j]:start + cut[j + 1]], kind=self.init)
         self.rows.sync()
 
     def _map_node_shards(self) -> None:

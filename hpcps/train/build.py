@@ -2,6 +2,7 @@
 
 import logging
 
+import numpy as np
 import torch
 from mpi4py import MPI
 
@@ -27,20 +28,25 @@ def total_steps(cfg: Config, data) -> int:
 
 
 def table_specs(cfg: Config, data) -> list:
-    """[(name, rows, dim, init_scale)] of the model's tables. Local."""
-    dim = cfg.model.dim
+    """[(name, rows, dim, init, init_scale)] of the model's tables: ``model.init`` and
+    ``model.init_scale`` (0: the model's default), ``auto`` meaning what suits the model: DLRM's
+    reference initialiser, uniform in +-sqrt(1/rows) per table; for MF small factors (normal,
+    std 0.1) and zero biases. Local."""
+    dim, kind, scale = cfg.model.dim, cfg.model.init, cfg.model.init_scale or None
     if cfg.model.kind == "mf":
         (_, nu), (_, ni) = data.tables
-        return [("users", nu, dim, None), ("items", ni, dim, None), ("user_bias", nu, 1, 0.0),
-                ("item_bias", ni, 1, 0.0)]
-    return [(name, rows, dim, None) for name, rows in data.tables]
+        kind, scale = ("normal" if kind == "auto" else kind), (scale or 0.1)
+        return [("users", nu, dim, kind, scale), ("items", ni, dim, kind, scale), ("user_bias", nu, 1, "zeros", 0.0),
+                ("item_bias", ni, 1, "zeros", 0.0)]
+    kind = "uniform" if kind == "auto" else kind
+    return [(name, rows, dim, kind, scale or float(np.sqrt(1.0 / rows))) for name, rows in data.tables]
 
 
 def fused_tables(cfg: Config, specs) -> bool:
     """Whether the job keeps the model's tables in one table-batched table (``model.fuse_tables``,
-    a DLRM whose tables share dim and initial scale). Local."""
+    a DLRM whose tables share dim and initialiser kind; each keeps its own scale). Local."""
     return (cfg.model.fuse_tables and cfg.model.kind == "dlrm" and len(specs) > 1
-            and len({(dim, scale) for _, _, dim, scale in specs}) == 1)
+            and len({(dim, kind) for _, _, dim, kind, _ in specs}) == 1)
 
 
 def dense_schedule(sec, steps: int) -> LRSchedule:
@@ -74,7 +80,8 @@ def build_model(cfg: Config, embeddings, data) -> torch.nn.Module:
     """The model over the given embedding modules (hpcps or torch). Local."""
     if cfg.model.kind == "mf":
         return MatrixFactorization(embeddings, global_bias=getattr(data, "mean_rating", 0.0))
-    return DLRM(embeddings, data.num_dense, cfg.model.dim, cfg.model.bottom_mlp, cfg.model.top_mlp)
+    return DLRM(embeddings, data.num_dense, cfg.model.dim, cfg.model.bottom_mlp, cfg.model.top_mlp,
+                dropout=cfg.model.dropout)
 
 
 def pipeline_switches(cfg: Config, ctx) -> dict:
@@ -100,7 +107,8 @@ def make_tables(cfg: Config, ctx, data, steps: int, pipe: dict) -> list:
                    push_dtype=cfg.pipeline.push_dtype, sharding=cfg.model.sharding)
     specs = table_specs(cfg, data)
     if fused_tables(cfg, specs):
-        (_, _, dim, scale) = specs[0]
-        return [EmbeddingTable(ctx, FUSED_TABLE, sum(rows for _, rows, _, _ in specs), dim, init_scale=scale,
-                               segments=[(name, rows) for name, rows, _, _ in specs], **options)]
-    return [EmbeddingTable(ctx, name, rows, dim, init_scale=scale, **options) for name, rows, dim, scale in specs]
+        (_, _, dim, kind, _) = specs[0]
+        return [EmbeddingTable(ctx, FUSED_TABLE, sum(s[1] for s in specs), dim, init=kind,
+                               init_scale=[s[4] for s in specs], segments=[(s[0], s[1]) for s in specs], **options)]
+    return [EmbeddingTable(ctx, name, rows, dim, init=kind, init_scale=scale, **options)
+            for name, rows, dim, kind, scale in specs]

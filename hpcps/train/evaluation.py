@@ -7,6 +7,7 @@ import torch
 from mpi4py import MPI
 
 from ..metrics import auc, logloss, mae, rmse
+from ..models import embedding_penalty
 
 __all__ = ["step_loss", "evaluate", "export_weights"]
 
@@ -18,21 +19,27 @@ def _inputs(batch, device):
     return dense, [torch.from_numpy(s) for s in batch.sparse]
 
 
-def step_loss(model, batch, task: str, global_batch: int, scale: float, device=torch.device("cpu")):
-    """Forward one batch; returns (loss to backward, summed per-sample loss). Local."""
+def step_loss(model, batch, task: str, global_batch: int, scale: float, device=torch.device("cpu"),
+              embedding_l2: float = 0.0):
+    """Forward one batch; returns (loss to backward, summed per-sample loss). The loss to backward
+    adds ``embedding_l2`` times the looked-up rows' sum of squares (``model.embedding_l2``); the
+    summed loss is the data's alone. Local."""
     out = model(*_inputs(batch, device))
     y = torch.from_numpy(batch.labels).to(device)
     if task == "ctr":
         total = torch.nn.functional.binary_cross_entropy_with_logits(out, y, reduction="sum")
     else:
         total = torch.nn.functional.mse_loss(out, y, reduction="sum")
-    return total * (scale / global_batch), float(total.detach())
+    objective = total + embedding_l2 * embedding_penalty(model) if embedding_l2 else total
+    return objective * (scale / global_batch), float(total.detach())
 
 
 def evaluate(model, data, comm: MPI.Comm, device=torch.device("cpu")) -> dict:
     """Eval metrics over every worker's eval shard, on worker 0 (others get ``{}``). Collective over
     the worker communicator."""
     scores, labels, truth = [], [], []
+    was_training = model.training
+    model.eval()                                    # no dropout
     with torch.no_grad():
         for b in data.eval_batches():
             out = model(*_inputs(b, device))
@@ -40,6 +47,7 @@ def evaluate(model, data, comm: MPI.Comm, device=torch.device("cpu")) -> dict:
             labels.append(b.labels)
             if b.truth is not None:
                 truth.append(b.truth)
+    model.train(was_training)
     cat = lambda xs: np.concatenate(xs) if xs else np.zeros(0)  # noqa: E731
     parts = comm.gather((cat(scores), cat(labels), cat(truth)), root=0)
     if comm.Get_rank() != 0:

@@ -168,7 +168,8 @@ class Worker:
         waits0 = waits(embs)
         for e in embs:
             e.step = step
-        loss, total = step_loss(self.model, batch, self.data.task, self.cfg.data.batch_size, self.W, self.device)
+        loss, total = step_loss(self.model, batch, self.data.task, self.cfg.data.batch_size, self.W, self.device,
+                                self.cfg.model.embedding_l2)
         t_data = t_early = 0.0
         if self.pipe["prefetch"] and step + 1 < steps:
             t_data = self._prefetch_next(step)
