@@ -90,20 +90,32 @@ def write_report(src, out) -> list[Path]:
 
     if runs:
         fig, axes = plt.subplots(2, 2, figsize=(10, 7))
+        metric = "eval AUC"
         for i, r in enumerate(runs):
             st, color = r["steps"], f"C{i % 10}"
             x, loss = [s["step"] for s in st], [s["loss"] for s in st]
             t = [r["offset"] + s["time"] for s in st]
-            axes[0][0].plot(x, loss, color=color, label=label(r))
+            axes[0][0].plot(x, loss, color=color, label=f"{label(r)} train")
             axes[0][1].plot(t, loss, color=color, label=label(r))
-            ev = [(s["step"], r["offset"] + s["time"], s["eval"]["auc"]) for s in st if "auc" in s.get("eval", {})]
-            if r["final"] and "auc" in r["final"]:
-                ev.append((r["final"]["steps"], t[-1], r["final"]["auc"]))
-            if ev:
-                axes[1][0].plot([e[0] for e in ev], [e[2] for e in ev], "o-", color=color, label=label(r))
-                axes[1][1].plot([e[1] for e in ev], [e[2] for e in ev], "o-", color=color, label=label(r))
-        for ax, (xl, yl) in zip(axes.flat, [("step", "train loss"), ("time (s)", "train loss"),
-                                            ("step", "eval AUC"), ("time (s)", "eval AUC")]):
+            ev = [(s["step"], r["offset"] + s["time"], s["eval"]) for s in st if s.get("eval")]
+            if r["final"] and ("auc" in r["final"] or "rmse" in r["final"]):
+                ev.append((r["final"]["steps"], t[-1], r["final"]))
+            if not ev:
+                continue
+            # eval against train on the loss axes: logloss (CTR) or squared RMSE (ratings, the train MSE's unit)
+            ctr = "auc" in ev[0][2]
+            metric = "eval AUC" if ctr else "eval RMSE"
+            eval_loss = [e[2]["logloss"] if ctr else e[2]["rmse"] ** 2 for e in ev]
+            axes[0][0].plot([e[0] for e in ev], eval_loss, "o--", color=color, label=f"{label(r)} eval")
+            value = [e[2]["auc" if ctr else "rmse"] for e in ev]
+            axes[1][0].plot([e[0] for e in ev], value, "o-", color=color, label=label(r))
+            axes[1][1].plot([e[1] for e in ev], value, "o-", color=color, label=label(r))
+            best = (r["final"] or {}).get("best")
+            if best and best.get("step") is not None:
+                key = "auc" if ctr else "rmse"
+                axes[1][0].plot([best["step"]], [best[key]], "*", color=color, markersize=14)
+        for ax, (xl, yl) in zip(axes.flat, [("step", "loss (train; eval dashed)"), ("time (s)", "train loss"),
+                                            ("step", f"{metric} (best: star)"), ("time (s)", metric)]):
             ax.set_xlabel(xl)
             ax.set_ylabel(yl)
             ax.grid(alpha=0.3)
@@ -212,6 +224,11 @@ def _summary(runs, bench_files, plots) -> str:
             for k in ("auc", "planted_auc", "logloss", "rmse", "mae"):
                 if k in f:
                     lines.append(f"- {k}: {f[k]:.4f}")
+            best = f.get("best") or {}
+            if best:
+                lines.append(f"- best {best['metric']}: {best[best['metric']]:.4f} at step {best['step']} "
+                             f"({f.get('evaluations', 0)} evaluations" + (", stopped early)" if f.get("early_stopped")
+                                                                           else ")"))
             lines.append(f"- samples/s over the whole loop: {f.get('samples_per_s', 0):,.0f}")
             lines.append(f"- max staleness: {f.get('max_staleness', 0)}")
             if f.get("checkpoints"):

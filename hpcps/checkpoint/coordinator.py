@@ -61,6 +61,7 @@ class Checkpointer:
         self._handled = -1            # PS: last request served
         self._writer = None           # PS or worker 0: the thread writing the current file
         self._pending = None          # worker 0: step written but not committed yet
+        self._step_meta = {}          # worker 0: what the checkpoint in flight adds to its manifest
         self.stall_seconds = []       # workers: pause per checkpoint
         self.timings = []             # worker 0: {"step", "kind", "bytes", "stall_s", "write_s"} per commit
         self._started = {}            # worker 0: step -> time of its request
@@ -111,9 +112,11 @@ class Checkpointer:
                                self.compression, self.file_mode)
 
     # -------------------------------------------------------------- worker side
-    def checkpoint(self, step: int, model, optimizer) -> None:
-        """Take the checkpoint of the state after ``step`` steps. Collective over the worker communicator."""
+    def checkpoint(self, step: int, model, optimizer, meta: dict | None = None) -> None:
+        """Take the checkpoint of the state after ``step`` steps; ``meta`` (worker 0's) goes into its
+        manifest. Collective over the worker communicator."""
         self.wait_commit()
+        self._step_meta = meta or {}
         t0 = time.perf_counter()
         self.ctx.fence(step)
         ps_ranks = self.ctx.ps_world_ranks
@@ -178,7 +181,7 @@ class Checkpointer:
         kind = self._kind
         link = {"kind": kind, "parent": self._last if kind == "delta" else None,
                 "base": self._base if kind == "delta" else name}
-        manifest = {**self.meta, **link, "step": step, "time": time.time(), "num_ps": self.ctx.num_ps,
+        manifest = {**self.meta, **self._step_meta, **link, "step": step, "time": time.time(), "num_ps": self.ctx.num_ps,
                     "num_workers": self.ctx.num_workers,
                     "tables": [{"name": t.name, "num_rows": t.num_rows, "dim": t.dim,
                                 "optimizer": repr(t.optimizer),

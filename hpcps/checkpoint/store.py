@@ -7,6 +7,8 @@
         dense.h5                   dense model + optimizer state, RNG, reader positions
     <dir>/step-000001200.tmp/      being written (ignored, removed on the next commit)
     <dir>/latest                   name of the newest committed checkpoint
+    <dir>/best                     JSON: the best-evaluated checkpoint (``checkpoint.keep_best``),
+                                   never pruned
 
 A checkpoint is written under ``.tmp``, every file and the directory are
 fsynced, and one ``rename`` commits it; ``latest`` moves only after that, and
@@ -24,7 +26,7 @@ import time
 from pathlib import Path
 
 __all__ = ["step_dir", "tmp_dir", "list_checkpoints", "verify", "verify_chain", "chain", "newest_verified",
-           "commit", "resolve", "inside_checkpoint", "write_new",
+           "commit", "resolve", "inside_checkpoint", "write_new", "mark_best", "read_best",
            "read_manifest", "MANIFEST", "DIR_MODE", "FILE_MODE"]
 
 logger = logging.getLogger(__name__)
@@ -65,6 +67,26 @@ def list_checkpoints(root) -> list[Path]:
         return []
     found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _NAME.match(p.name)) and p.is_dir()]
     return [p for _, p in sorted(found)]
+
+
+def mark_best(root, step: int, info: dict, file_mode: int = FILE_MODE) -> None:
+    """Record committed checkpoint ``step`` as the best one (``info``: the metric and its value,
+    the eval results); pruning keeps it and its chain. Local: worker 0, after the commit."""
+    text = json.dumps({"checkpoint": step_dir(root, step).name, "step": step, **info}, sort_keys=True)
+    write_new(Path(root) / "best.tmp", text + "\n", file_mode)
+    os.replace(Path(root) / "best.tmp", Path(root) / "best")
+    fsync_path(root)
+
+
+def read_best(root) -> dict | None:
+    """The ``best`` record of a checkpoint directory (with ``path``), or None when there is none or
+    its checkpoint is gone. Local."""
+    try:
+        best = json.loads((Path(root) / "best").read_text())
+        path = Path(root) / best["checkpoint"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return {**best, "path": path} if _NAME.match(path.name) and path.is_dir() else None
 
 
 def read_manifest(path) -> dict:
@@ -242,6 +264,9 @@ def commit(root, step: int, manifest: dict, keep: int, file_mode: int = FILE_MOD
     fsync_path(root)
     if keep > 0:
         kept = list_checkpoints(root)[-keep:]
+        best = read_best(root)
+        if best is not None:
+            kept.append(best["path"])
         needed = set()
         for k in kept:
             try:

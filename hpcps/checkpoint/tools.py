@@ -10,7 +10,7 @@ from ..core.sharding import logical_tables
 from . import store
 from .shards import read_dense, shard_file
 
-__all__ = ["ls", "verify_cmd", "inspect", "export"]
+__all__ = ["ls", "verify_cmd", "inspect", "export", "weights"]
 
 
 def _pick(path) -> Path:
@@ -38,6 +38,7 @@ def ls(root) -> int:
         print(f"no checkpoints in {root}")
         return 1
     latest = (Path(root) / "latest").read_text().strip() if (Path(root) / "latest").exists() else ""
+    best = store.read_best(root)
     for p in rows:
         ok, why = store.verify_chain(p)
         try:
@@ -48,6 +49,8 @@ def ls(root) -> int:
         except (OSError, ValueError, KeyError):
             desc = "(no manifest)"
         mark = "*" if p.name == latest else " "
+        if best is not None and p.name == best["checkpoint"]:
+            desc += f"  best {best['metric']} {best['value']:.5g}"
         print(f"{mark} {p.name}  {desc}  {'verified' if ok else 'BROKEN: ' + why}")
     return 0
 
@@ -126,6 +129,16 @@ def _gather_tables(p, man):
     return {name: tables[spec["name"]][first:first + n]     # a table-batched table: its logical tables, apart
             for spec in man["tables"]
             for name, first, n in logical_tables(spec["name"], spec["num_rows"], spec.get("segments"))}
+
+
+def weights(path) -> dict:
+    """A checkpoint's weights as ``hpcps train``'s ``job.export`` writes them:
+    ``{"tables/<name>": rows in global-id order, "dense/<key>": array}``. Local."""
+    p = Path(path)
+    arrays = {f"tables/{k}": v for k, v in _gather_tables(p, store.read_manifest(p)).items()}
+    model, _, _ = read_dense(p / "dense.h5")
+    arrays.update({f"dense/{k}": np.asarray(v) for k, v in model.items()})
+    return arrays
 
 
 def export(path, out, fmt: str = "h5") -> int:

@@ -10,7 +10,10 @@ from ..core.optimizers import LRSchedule, make_optimizer
 from ..core.settings import RMA_READS, ROW_DTYPES, SHARDINGS, THREAD_LEVELS, TRANSPORTS, WAIT_POLICIES, parse_mode
 from .schema import FORMATS, MODELS, CheckpointConfig, Config, SparseOptimizerSection
 
-__all__ = ["SWITCHES", "resolve_switch", "parse_permissions", "build_sparse_optimizer", "validate"]
+# the metric that decides the best checkpoint: (task, higher is better)
+BEST_METRICS = {"auc": ("ctr", True), "logloss": ("ctr", False), "rmse": ("ratings", False), "mae": ("ratings", False)}
+
+__all__ = ["BEST_METRICS", "SWITCHES", "resolve_switch", "parse_permissions", "build_sparse_optimizer", "validate"]
 
 
 SWITCHES = {"auto": "auto", "on": "on", "true": "on", "yes": "on", "1": "on",
@@ -82,6 +85,12 @@ def validate(cfg: Config) -> None:
     _check(j.steps >= 0 and j.epochs >= 0, "job.steps", j.steps, "steps and epochs must be >= 0")
     _check(j.log_every >= 1, "job.log_every", j.log_every, "must be >= 1")
     _check(j.eval_every >= 0, "job.eval_every", j.eval_every, "must be >= 0")
+    _check(j.early_stop_patience >= 0, "job.early_stop_patience", j.early_stop_patience, "must be >= 0 (0: never)")
+    _check(j.early_stop_patience == 0 or j.eval_every > 0 or (j.eval_each_epoch and d.format != "synthetic-ctr"),
+           "job.early_stop_patience", j.early_stop_patience, "needs evaluations during training: set job.eval_every "
+           "(or, with file data, job.eval_each_epoch = true)")
+    _check(not j.export_best or (j.export and cfg.checkpoint.keep_best), "job.export_best", j.export_best,
+           "needs job.export (where to) and checkpoint.keep_best (which checkpoint is best)")
     _check(d.format in FORMATS, "data.format", d.format, f"must be one of {', '.join(FORMATS)}")
     _check(d.batch_size >= 1, "data.batch_size", d.batch_size, "must be >= 1")
     _check(0 <= d.eval_fraction < 1, "data.eval_fraction", d.eval_fraction, "must be in [0, 1)")
@@ -142,6 +151,11 @@ def validate(cfg: Config) -> None:
     _check(not c.dir or not Path(c.dir).exists() or Path(c.dir).is_dir(), "checkpoint.dir", c.dir,
            "is a file, not a directory")
     _check(c.keep >= 0, "checkpoint.keep", c.keep, "must be >= 0")
+    task = "ratings" if d.format == "ratings" else "ctr"
+    good = [k for k, (t, _) in BEST_METRICS.items() if t == task]
+    _check(c.keep_best in ("", *good), "checkpoint.keep_best", c.keep_best,
+           f"must be {' or '.join(good)} for {task} data ('' = off)")
+    _check(not c.keep_best or c.dir, "checkpoint.keep_best", c.keep_best, "needs checkpoint.dir (where would it go?)")
     _check(c.full_every >= 1, "checkpoint.full_every", c.full_every, "must be >= 1")
     _check(c.compression in ("", "gzip", "lzf"), "checkpoint.compression", c.compression, "must be '', gzip or lzf")
     parse_permissions(c.dir_mode, "checkpoint.dir_mode")

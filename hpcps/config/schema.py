@@ -25,7 +25,10 @@ class JobConfig:
     transport: str = "auto"     # auto | rma
     log_every: int = 20         # steps between metrics records
     eval_every: int = 0         # steps between evaluations (0: only at the end)
+    eval_each_epoch: bool = True  # file data: also evaluate at each epoch's end
+    early_stop_patience: int = 0  # stop after this many evaluations without a better metric (0: never)
     export: str = ""            # .npz of the final weights written by worker 0 ("" = none)
+    export_best: bool = False   # job.export writes the best checkpoint's weights (checkpoint.keep_best)
     wait: str = "auto"          # how waiting ranks wait: auto | yield | sleep (auto: sleep if the node is oversubscribed)
     rma_read: str = "get_accumulate"  # remote pulls: get_accumulate (atomic per element) | get (faster)
     mpi_threads: str = "serialized"   # MPI thread level: single | funneled | serialized | multiple
@@ -108,6 +111,7 @@ class CheckpointConfig:
     every_steps: int = 0        # 0: off
     every_seconds: float = 0.0  # 0: off
     keep: int = 3               # committed checkpoints kept (0 = all)
+    keep_best: str = ""         # "" | auc | logloss | rmse | mae: keep the best-evaluated checkpoint too
     resume: str = "auto"        # auto (newest verified in dir) | none | PATH
     compression: str = ""       # "" | gzip | lzf
     full_every: int = 1         # a full checkpoint every K; the ones between hold only changed rows

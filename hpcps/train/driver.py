@@ -20,6 +20,7 @@ from ..data.loader import BatchAhead, placement
 from ..data.loader import supported as loader_supported
 from ..nn import IdPlan
 from ..stopping import StopRequest
+from .best import stopped_early
 from .build import make_tables, pipeline_switches, total_steps
 from .layout import backend_name, gather_layout, layout_line
 from .recovery import find_resume, open_checkpointer, record_start
@@ -73,6 +74,11 @@ def train(cfg: Config) -> dict | None:
                 ckpt.resumed_step = start
             if world.Get_rank() == 0:
                 logger.warning("hpcps: resuming from %s (step %d)", resume_from, start)
+            if stopped_early(ckpt_mod.read_manifest(resume_from)):   # that run is over: evaluate only
+                if world.Get_rank() == 0:
+                    logger.warning("hpcps: that run stopped early at step %d (job.early_stop_patience): "
+                                   "nothing left to train", start)
+                start = max(start, steps)
         ctx.control.set_start(start)                   # a barrier: every PS has its rows
         restore_s = time.perf_counter() - t_restore if resume_from is not None else 0.0
         log, held = None, 0

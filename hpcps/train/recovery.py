@@ -112,6 +112,7 @@ class CheckpointTrigger:
     def __init__(self, cfg: Config, ckpt, stop, comm: MPI.Comm, lead: bool, start: int, control=None):
         self.c, self.ckpt, self.stop, self.comm, self.lead = cfg.checkpoint, ckpt, stop, comm, lead
         self.control = control          # the step protocol, for a stop asked of a PS rank
+        self.meta = dict                # what each checkpoint's manifest adds (worker 0's view)
         self.last_time, self.last_step, self.stopped = time.time(), start, False
         self._flags = np.zeros(2, np.int64)
         self._ask = np.zeros(1, np.int64)         # no checkpoint dir: the stop flag in flight
@@ -141,10 +142,10 @@ class CheckpointTrigger:
             self._req = self.comm.Iallreduce(self._ask, self._asked, op=MPI.MAX)
         return asked
 
-    def after_step(self, step: int, steps: int, model, opt, log) -> bool:
-        """After step ``step`` (0-based) of ``steps``: checkpoint if due; True when a stop request
-        ends training (its checkpoint committed, if there is a checkpoint directory). Collective
-        over the worker communicator."""
+    def after_step(self, step: int, steps: int, model, opt, log, taken: bool = False) -> bool:
+        """After step ``step`` (0-based) of ``steps``: checkpoint if due (``taken``: one was taken at
+        this step already); True when a stop request ends training (its checkpoint committed, if
+        there is a checkpoint directory). Collective over the worker communicator."""
         ckpt, c = self.ckpt, self.c
         if step + 1 >= steps:
             return False
@@ -159,16 +160,21 @@ class CheckpointTrigger:
         ckpt.lock.refresh()
         due = bool(c.every_steps) and (step + 1) % c.every_steps == 0
         flags = self._agree(self.lead and c.every_seconds > 0 and time.time() - self.last_time >= c.every_seconds)
-        if due or flags.any():
-            ckpt.checkpoint(step + 1, model, opt)
-            self.last_time, self.last_step = time.time(), step + 1
-            log.write({"checkpoint": step + 1, "stall_s": ckpt.stall_seconds[-1]})
+        if (due or flags.any()) and not taken:
+            self.save(step + 1, model, opt, log)
         if flags[0]:
             self.stopped = True
             ckpt.wait_commit()
             if self.lead:
                 _record_stop(Path(c.dir), step + 1)
         return self.stopped
+
+    def save(self, step: int, model, opt, log=None) -> None:
+        """The checkpoint after ``step`` steps, now. Collective over the worker communicator."""
+        self.ckpt.checkpoint(step, model, opt, self.meta())
+        self.last_time, self.last_step = time.time(), step
+        if log is not None:
+            log.write({"checkpoint": step, "stall_s": self.ckpt.stall_seconds[-1]})
 
     def finish(self, steps: int, start: int, model, opt) -> None:
         """At the end of training: the final checkpoint (unless a stop request took one, or the job
@@ -179,7 +185,7 @@ class CheckpointTrigger:
         if self.ckpt is None or self.stopped:
             return
         if self.last_step != steps and steps > start:       # a finished job takes no new checkpoint
-            self.ckpt.checkpoint(steps, model, opt)
+            self.save(steps, model, opt)
         self.ckpt.wait_commit()
 
     def release(self) -> None:

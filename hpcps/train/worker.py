@@ -16,6 +16,7 @@ on the whole global batch.
 """
 
 import functools
+import logging
 import time
 
 import torch
@@ -28,12 +29,15 @@ from ..dense import DenseSync
 from ..metrics import MetricsLog
 from ..nn import IdPlan, ShardedEmbeddingBag, ShardedEmbeddingCollection
 from ..sparse.pipeline import CommThread, PushBatch, RowCache
+from .best import Evaluations
 from .build import build_model, dense_optimizer, dense_schedule
 from .evaluation import evaluate, export_weights, step_loss
 from .recovery import CheckpointTrigger
 from .telemetry import Telemetry, pipeline_summary, thread_level_name, waits
 
 __all__ = ["Worker"]
+
+logger = logging.getLogger(__name__)
 
 
 def _device(cfg, comm: MPI.Comm) -> torch.device:
@@ -82,6 +86,12 @@ class Worker:
             for g, lr in zip(self.opt.param_groups, self.base_lrs):
                 g["lr"] = lr
         self.trigger = CheckpointTrigger(cfg, ckpt, stop, self.comm, self.lead, start, ctx.control)
+        manifest = ckpt_mod.read_manifest(resume_from) if resume_from is not None and self.lead else None
+        self.evals = Evaluations(cfg, data.task, self.comm, self.lead, ckpt, manifest)
+        self.trigger.meta = lambda: {"evaluations": self.evals.state()}
+        epoch = data.steps_per_epoch if cfg.job.eval_each_epoch else None
+        self.eval_every = [k for k in (cfg.job.eval_every, epoch) if k]
+        self.eval_post = {}                                # worker 0: the last evaluation, on the bar
         self.log = MetricsLog(cfg.metrics.path if self.lead else "")
         self.bar = None
         if self.lead and cfg.metrics.progress:
@@ -208,21 +218,34 @@ class Worker:
         self._stale = stale
 
     def _after_step(self, step: int) -> bool:
-        """Progress, metrics (and evaluation) every ``job.log_every`` steps, checkpoints; True when
-        a stop request ends training. Collective over the worker communicator."""
-        cfg, steps = self.cfg, self.steps
+        """Progress, metrics and evaluations (``job.eval_every``, each epoch's end), the best
+        checkpoint, early stopping, checkpoints; True when training ends early (a stop request
+        or early stopping). Collective over the worker communicator."""
+        cfg, steps, done = self.cfg, self.steps, step + 1
         if self.bar is not None:
             self.bar.update(1)
-        if (step + 1) % cfg.job.log_every == 0 or step + 1 == steps:
-            rec = self.telemetry.record(step + 1, self._stale)
-            if self.bar is not None:
-                self.bar.set_postfix(loss=f"{rec['loss']:.4f}", samples_s=f"{rec['samples_per_s']:,.0f}",
-                                  refresh=False)
-            if cfg.job.eval_every and (step + 1) % cfg.job.eval_every == 0 and step + 1 < steps:
-                self.ctx.fence(step + 1)
-                rec["eval"] = evaluate(self.model, self.data, self.comm, self.device)
-            self.log.write(rec)
-        return self.trigger.after_step(step, steps, self.model, self.opt, self.log)
+        evaluate_now = done < steps and any(done % k == 0 for k in self.eval_every)
+        if not (done % cfg.job.log_every == 0 or done == steps or evaluate_now):
+            return self.trigger.after_step(step, steps, self.model, self.opt, self.log)
+        rec = self.telemetry.record(done, self._stale)
+        post = {"loss": f"{rec['loss']:.4f}", "samples_s": f"{rec['samples_per_s']:,.0f}"}
+        improved = early = False
+        if evaluate_now:
+            self.ctx.fence(done)
+            rec["eval"] = evaluate(self.model, self.data, self.comm, self.device)
+            improved, early = self.evals.observe(done, rec["eval"])
+            if self.lead:
+                self.eval_post = {self.evals.metric: f"{rec['eval'][self.evals.metric]:.4f}"}
+        if self.bar is not None:
+            self.bar.set_postfix({**post, **self.eval_post}, refresh=False)
+        self.log.write(rec)
+        if improved and self.evals.keep:                  # the best so far: kept as a checkpoint
+            self.trigger.save(done, self.model, self.opt, self.log)
+            self.trigger.ckpt.wait_commit()
+            self.evals.mark(done)
+        if early:
+            return True
+        return self.trigger.after_step(step, steps, self.model, self.opt, self.log, taken=improved and self.evals.keep)
 
     # ------------------------------------------------------------ the run
     def run(self):
@@ -240,15 +263,23 @@ class Worker:
         self.comm_thread.close()
         if self.bar is not None:
             self.bar.close()
-        self.trigger.finish(steps, start, self.model, self.opt)
-        self.trigger.release()
-        elapsed = time.perf_counter() - t_start
         done_steps = step + 1 if steps > start else start
+        self.trigger.finish(done_steps if self.evals.stopped_early else steps, start, self.model, self.opt)
+        elapsed = time.perf_counter() - t_start
         self.ctx.fence(done_steps)                         # every staged gradient is applied
         result = evaluate(self.model, self.data, self.comm, self.device)
+        improved, _ = self.evals.observe(done_steps, result, final=True)
+        ckpt = self.trigger.ckpt
+        if improved and self.evals.keep and ckpt is not None and done_steps in ckpt.committed:
+            self.evals.mark(done_steps)
+        self.trigger.release()
         all_stale = self.comm.gather(self.ctx.control.staleness, root=0)
         if self.cfg.job.export and self.lead:
-            export_weights(self.cfg.job.export, self.model, self.tables)
+            if self.cfg.job.export_best:
+                name = self.evals.export_best(self.cfg.job.export)
+                logger.warning("hpcps: exported %s (the best %s) to %s", name, self.evals.metric, self.cfg.job.export)
+            else:
+                export_weights(self.cfg.job.export, self.model, self.tables)
         self.comm.Barrier()
         self.dense.close()
         if not self.lead:
@@ -267,5 +298,7 @@ class Worker:
                 "wait_policy": ctx.wait_policy, "node_cpus": ctx.node_cpus, "malloc": malloc.mode(),
                 "mpi_threads": thread_level_name(), "sharding": self.tables[0].sharding.name,
                 "max_staleness": max(flat) if flat else 0, "data": self.data.stats,
+                "best": self.evals.summary(), "evaluations": self.evals.count,
+                "early_stopped": self.evals.stopped_early,
                 "pipeline": pipeline_summary(self.cfg.pipeline, self.pipe, self.comm_thread, self.embs,
                                              self.telemetry.totals, self.loader)}

@@ -1,0 +1,76 @@
+"""Evaluations during training: each epoch's end and every ``job.eval_every`` steps, the best
+checkpoint (``checkpoint.keep_best``, never pruned), early stopping, the export of the best, and a
+restart of an early-stopped run that trains no more."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from hpcps.checkpoint import store, tools
+from mpirun import ROOT, run_mpi
+
+TINY = ROOT / "tests" / "configs" / "tiny_ctr.toml"
+
+
+def _final(stdout):
+    return [json.loads(line)["final"] for line in stdout.splitlines() if line.startswith('{"final"')][-1]
+
+
+@pytest.fixture(scope="module")
+def ratings(tmp_path_factory):
+    """Random ratings: nothing to learn, so an over-eager model's eval RMSE soon gets worse."""
+    path = tmp_path_factory.mktemp("ratings") / "r.dat"
+    rng = np.random.default_rng(1)
+    path.write_text("".join(f"{rng.integers(60)}::{rng.integers(50)}::{rng.integers(1, 6)}\n" for _ in range(3000)))
+    return path
+
+
+def _ratings_run(ratings, tmp_path, *sets, timeout=240):
+    ck, metrics = tmp_path / "ck", tmp_path / "m.jsonl"
+    r = run_mpi(3, ["-m", "hpcps", "train", "--config", ROOT / "examples" / "ratings.toml", "--set",
+                    f"data.path={ratings}", "data.batch_size=100", "job.epochs=30", "optimizer.sparse.lr=0.05",
+                    "metrics.progress=false", f"metrics.path={metrics}", f"checkpoint.dir={ck}", "checkpoint.keep=1",
+                    *sets], timeout=timeout)
+    return r, ck, [json.loads(line) for line in metrics.read_text().splitlines()]
+
+
+def test_best_checkpoint_early_stop_export_and_a_restart_that_trains_no_more(ratings, tmp_path):
+    out = tmp_path / "best.npz"
+    r, ck, recs = _ratings_run(ratings, tmp_path, "checkpoint.keep_best=rmse", "job.early_stop_patience=2",
+                               f"job.export={out}", "job.export_best=true")
+    final = _final(r.stdout)
+    evals = [(x["step"], x["eval"]["rmse"]) for x in recs if "eval" in x]
+    assert [s for s, _ in evals] == [27 * (i + 1) for i in range(len(evals))]     # each epoch's end (2700 / 100)
+    best_step, best_rmse = min(evals, key=lambda e: e[1])
+    assert final["early_stopped"] and final["steps"] == evals[-1][0] < 30 * 27
+    assert all(v > best_rmse for _, v in evals[-2:]) and evals[-3][0] == best_step     # 2 worse ones, then stop
+    assert final["best"]["step"] == best_step and final["best"]["rmse"] == pytest.approx(best_rmse, abs=1e-9)
+    assert "early stop after step" in r.stderr and "(the best rmse)" in r.stderr
+    best = store.read_best(ck)
+    assert best["step"] == best_step and store.verify(best["path"])[0]      # kept although checkpoint.keep = 1
+    assert {p.name for p in store.list_checkpoints(ck)} == {best["checkpoint"], f"step-{final['steps']:09d}"}
+    got, want = np.load(out), tools.weights(best["path"])
+    assert set(got.files) == set(want) and all(np.array_equal(got[k], want[k]) for k in want)
+    ls = subprocess.run([sys.executable, "-m", "hpcps", "ckpt", "ls", str(ck)], capture_output=True, text=True)
+    assert f"best rmse {best_rmse:.5g}" in ls.stdout
+    # the same command again: that run is over
+    again, _, _ = _ratings_run(ratings, tmp_path, "checkpoint.keep_best=rmse", "job.early_stop_patience=2")
+    assert "stopped early at step" in again.stderr and _final(again.stdout)["start_step"] == 30 * 27
+
+
+def test_eval_every_steps_on_the_progress_record_and_in_the_report(tmp_path):
+    metrics = tmp_path / "m.jsonl"
+    r = run_mpi(3, ["-m", "hpcps", "train", "--config", TINY, "--set", "job.steps=30", "job.log_every=7",
+                    "job.eval_every=10", f"metrics.path={metrics}", "metrics.progress=false"], timeout=240)
+    recs = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [x["step"] for x in recs if "eval" in x] == [10, 20]                   # the end's is the final line
+    assert sorted(x["step"] for x in recs if "step" in x) == [7, 10, 14, 20, 21, 28, 30]
+    final = _final(r.stdout)
+    assert final["evaluations"] == 3 and final["best"]["metric"] == "auc" and not final["early_stopped"]
+    rep = subprocess.run([sys.executable, "-m", "hpcps", "report", str(metrics), "--out", str(tmp_path / "rep")],
+                         capture_output=True, text=True, timeout=120)
+    assert rep.returncode == 0, rep.stderr
+    assert "best auc" in (tmp_path / "rep" / "summary.md").read_text()
