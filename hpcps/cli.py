@@ -54,6 +54,14 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--set", metavar="KEY=VALUE", nargs="+", action="extend", default=[],
                    help="override settings, dotted section.key, e.g. --set job.mode=async data.batch_size=512 "
                         "(may repeat)")
+    bl = sub.add_parser("baseline", help="train the simple baseline on the same data and split (no MPI)",
+                        description=("Train the simple baseline of a config's data on the same split as "
+                                     "`hpcps train`: hashed logistic regression for CTR, user and item biases for "
+                                     "ratings. Prints one JSON line {\"baseline\": {...}} with its eval metrics."))
+    bl.add_argument("--config", metavar="FILE.toml", help="config file (default: built-in defaults)")
+    bl.add_argument("--set", metavar="KEY=VALUE", nargs="+", action="extend", default=[],
+                    help="override settings, as for train")
+    bl.add_argument("--c", type=float, default=0.1, help="CTR: inverse L2 strength, as scikit-learn's C (default 0.1)")
     rp = sub.add_parser("report", help="PNG plots and a markdown summary from metrics and benchmark results",
                         description=("SRC: a metrics JSONL file (metrics.path of `hpcps train`) or a results "
                                      "directory (its *.jsonl metrics and bench_*.json results). Writes loss.png, "
@@ -187,6 +195,17 @@ def main(argv=None) -> int:
         try:
             for path in write_report(args.src, args.out):
                 print(path)
+        except (ValueError, OSError) as e:
+            print(f"hpcps: error: {e}", file=sys.stderr)
+            return 2
+        return 0
+    if args.command == "baseline":
+        from .baseline import run_baseline
+        from .config import load_config
+        try:
+            if not args.c > 0:
+                raise ValueError(f"--c {args.c}: must be > 0")
+            print(json.dumps({"baseline": run_baseline(load_config(args.config, args.set), args.c)}))
         except (ValueError, OSError) as e:
             print(f"hpcps: error: {e}", file=sys.stderr)
             return 2

@@ -74,3 +74,36 @@ def test_eval_every_steps_on_the_progress_record_and_in_the_report(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert rep.returncode == 0, rep.stderr
     assert "best auc" in (tmp_path / "rep" / "summary.md").read_text()
+
+
+def _baseline(*args):
+    r = subprocess.run([sys.executable, "-m", "hpcps", "baseline", *map(str, args)], capture_output=True,
+                       text=True, timeout=300, cwd=ROOT)
+    return r, ([json.loads(line)["baseline"] for line in r.stdout.splitlines() if line.startswith('{"baseline"')]
+               or [None])[0]
+
+
+def test_baseline_ratings_biases_beat_the_global_mean_on_the_same_split(tmp_path):
+    # planted biases: user u rates +0.5 above the mean if u is even, item i +1 if i < 10
+    rng = np.random.default_rng(2)
+    lines = []
+    for _ in range(4000):
+        u, i = rng.integers(80), rng.integers(40)
+        lines.append(f"{u}::{i}::{3 + 0.5 * (u % 2 == 0) + (i < 10) + rng.normal(0, 0.3):.2f}\n")
+    path = tmp_path / "r.dat"
+    path.write_text("".join(lines))
+    r, res = _baseline("--config", ROOT / "examples" / "ratings.toml", "--set", f"data.path={path}")
+    assert r.returncode == 0, r.stderr
+    assert res["model"].startswith("biases") and res["eval_samples"] == 400 and res["train_samples"] == 3584
+    assert res["rmse"] < 0.35 < 0.55 < np.std([float(x.split("::")[2]) for x in lines])   # near the noise (0.3)
+
+
+def test_baseline_ctr_logistic_regression_and_bad_input(tmp_path):
+    r, res = _baseline("--config", TINY, "--set", "job.steps=30")
+    assert r.returncode == 0, r.stderr
+    assert res["model"] == "hashed logistic regression (L2, C=0.1)" and res["train_samples"] == 30 * 48
+    assert 0.6 < res["auc"] <= 1 and 0 < res["logloss"] < 0.7
+    r, res = _baseline("--config", TINY, "--c", "0")
+    assert r.returncode == 2 and res is None and "--c 0.0: must be > 0" in r.stderr
+    r, _ = _baseline("--config", TINY, "--set", "data.format=criteo", "data.path=/nope")
+    assert r.returncode == 2 and "data.path = '/nope': no such file" in r.stderr

@@ -34,13 +34,14 @@ LAYERS = [
     ("hpcps.reference", ["hpcps.train", "hpcps.config", "hpcps.data", "hpcps.models", "hpcps.core"]),
     ("hpcps.demo", ["hpcps.context", "hpcps.sparse", "hpcps.optim", "hpcps.core"]),
     ("hpcps.report", ["hpcps.metrics"]),
+    ("hpcps.baseline", ["hpcps.data", "hpcps.metrics"]),
     ("hpcps.cli", ["hpcps"]),
     ("hpcps.__main__", ["hpcps.cli", "hpcps.stopping"]),
     ("hpcps", ["hpcps._version", "hpcps.errors"]),      # the face: the rest is loaded lazily by name
 ]
 PURE = ["hpcps", "hpcps.config", "hpcps.core.ids", "hpcps.core.sharding", "hpcps.core.optimizers",
         "hpcps.core.settings", "hpcps.core.layout", "hpcps.core.wait", "hpcps.core.malloc", "hpcps.core.process",
-        "hpcps.data", "hpcps.models", "hpcps.metrics", "hpcps.optim", "hpcps.stopping"]
+        "hpcps.data", "hpcps.models", "hpcps.metrics", "hpcps.optim", "hpcps.stopping", "hpcps.baseline"]
 
 
 def _modules():
