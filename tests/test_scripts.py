@@ -38,7 +38,7 @@ def test_ratings_example_with_generated_file(tmp_path):
     subprocess.run([sys.executable, str(ROOT / "scripts" / "make_ratings.py"), str(data), "--ratings", "20000"],
                    check=True, capture_output=True)
     r = run_mpi(3, ["-m", "hpcps", "train", "--config", ROOT / "examples" / "ratings.toml", "--set",
-                    f"data.path={data}", "job.epochs=5", "metrics.path=", "metrics.progress=false"], timeout=180)
+                    f"data.path={data}", "metrics.path=", "metrics.progress=false"], timeout=240)
     final = json.loads([l for l in r.stdout.splitlines() if l.startswith('{"final"')][0])["final"]
     # predicting the mean rating gives RMSE 0.91 / MAE 0.77 on this file; the planted noise floor is ~0.4
     assert final["rmse"] < 0.7 and final["mae"] < 0.55
@@ -77,16 +77,16 @@ def test_fault_checkpoint_script_smoke(tmp_path):
 
 
 def test_stress_stop_requests_at_random_moments_keep_ranks_in_step(tmp_path):
-    """A few runs of scripts/stress_stop.py (50 of them are the benchmark-style run): stop requests
-    of every kind at random moments with a CPU hog beside the job; zero mismatches."""
+    """A run of scripts/stress_stop.py (50 of them are the benchmark-style run): a stop request of a
+    random kind at a random moment with a CPU hog beside the job, then the restart; zero mismatches."""
     import subprocess
     import sys
     out = tmp_path / "s.json"
-    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "stress_stop.py"), "--runs", "2", "--hogs", "1",
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "stress_stop.py"), "--runs", "1", "--hogs", "1",
                         "--steps", "150", "--seed", "7", "--dir", str(tmp_path / "d"), "--out", str(out)],
                        capture_output=True, text=True, timeout=900, env=__import__("mpirun").mpi_env())
     res = json.loads(out.read_text())
-    assert r.returncode == 0 and res["runs"] == 2 and res["mismatches"] == 0, r.stdout + r.stderr
+    assert r.returncode == 0 and res["runs"] == 1 and res["mismatches"] == 0, r.stdout + r.stderr
 
 
 def test_bench_e2e_smoke(tmp_path):

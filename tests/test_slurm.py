@@ -1,10 +1,9 @@
 """slurm/train.sbatch against a real slurmctld + slurmd (scripts/slurm_local.sh), not a mock:
-checkpoint on the time-limit signal, requeue, resume, finish equal to a straight run; scancel;
-the restart limit; a mis-launched job."""
+scancel; the restart limit; a STOP file; a mis-launched job; chained jobs. The time-limit signal,
+requeue and resume run on two nodes in tests/test_slurm_hosts.py."""
 
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from hpcps.checkpoint import store
-from mpirun import ROOT, run_mpi
-from slurmjob import SETS, TINY, Slurm, assert_close, steps_done
+from mpirun import ROOT
+from slurmjob import SETS, TINY, Slurm, steps_done
 
 
 @pytest.fixture(scope="module")
@@ -22,31 +21,6 @@ def slurm(tmp_path_factory):
     sl = Slurm(tmp_path_factory.mktemp("slurm"), 16917).start()
     yield sl
     sl.stop()
-
-
-def test_time_limit_signal_checkpoints_requeues_and_resumes_equal_to_straight(slurm, tmp_path):
-    steps = 140
-    straight = tmp_path / "straight.npz"
-    run_mpi(4, ["-m", "hpcps", "train", "--config", TINY, "--set", *SETS, f"job.steps={steps}",
-                f"job.export={straight}"], timeout=180)
-    ck, log, out = tmp_path / "ck", tmp_path / "job.log", tmp_path / "w.npz"
-    # 3 minutes, USR1 90+15 s before the end: due 75 s in, sent 15-75 s in (Slurm checks once a
-    # minute and may send it up to 60 s early). 140 steps at 0.5 s cannot finish by then.
-    env = slurm.job_env(ck, HPCPS_STEP_DELAY=0.5, HPCPS_MAX_RESTARTS=3)
-    job = slurm.sbatch(env, log, ["--time=3", "--signal=B:USR1@105"], [f"job.steps={steps}", f"job.export={out}"])
-    requeued = []
-    info = slurm.wait(job, 480, on_pending=slurm.release_requeued(job, requeued))
-    text = log.read_text()
-    assert info["JobState"] == "COMPLETED", slurm.diagnose(info, text)
-    assert int(info["Restarts"]) >= 1 and requeued
-    assert "SIGUSR1" in text and "requeueing job" in text and "training finished" in text
-    runs = re.findall(r"hpcps-sbatch: job \d+ run (\d+) \(restart (\d+)", text)
-    assert [r[0] for r in runs] == [str(i + 1) for i in range(len(runs))] and len(runs) >= 2
-    resumed = [int(s) for s in re.findall(r"resuming from \S+ \(step (\d+)\)", text)]
-    assert len(resumed) == len(runs) - 1 and all(0 < s < steps for s in resumed)
-    assert resumed == sorted(resumed)
-    assert_close(out, straight)
-    assert store.verify(store.newest_verified(ck))[0]
 
 
 def test_scancel_leaves_a_verified_checkpoint_and_does_not_requeue(slurm, tmp_path):

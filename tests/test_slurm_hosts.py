@@ -1,5 +1,6 @@
 """slurm/train.sbatch on a multi-node Slurm: two pretend hosts (scripts/cluster.sh), a slurmd on
-each and slurmctld on h0 (scripts/slurm_local.sh start --cluster). Needs root (CI runs as root)."""
+each and slurmctld on h0 (scripts/slurm_local.sh start --cluster): the time-limit signal, requeue
+and resume across hosts, and a restart on fewer nodes. Needs root (CI runs as root)."""
 
 import json
 import os
@@ -13,7 +14,7 @@ from mpirun import CLUSTER, run_mpi
 from slurmjob import SETS, TINY, Slurm, assert_close, steps_done
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="pretend hosts need root (network namespaces)")
-STEPS = 60
+STEPS = 140
 TWO_HOSTS = "2 hosts (h0: 2 ranks, 1 PS; h1: 2 ranks, 1 PS)"
 
 
@@ -52,22 +53,27 @@ def _stop_when_running(slurm, job, metrics):
     slurm.run(["scancel", "--signal=USR1", "--batch", job], check=True)
 
 
-def test_sbatch_on_two_nodes_checkpoints_requeues_and_resumes_equal_to_straight(slurm, straight, tmp_path):
-    ck, log, out, metrics = tmp_path / "ck", tmp_path / "job.log", tmp_path / "w.npz", tmp_path / "m.jsonl"
-    env = slurm.job_env(ck, HPCPS_STEP_DELAY=0.3, HPCPS_MAX_RESTARTS=1)
-    job = slurm.sbatch(env, log, ["--nodes=2", "--time=10"], [f"job.steps={STEPS}", f"job.export={out}",
-                                                              f"metrics.path={metrics}", "job.log_every=1"], per_node=2)
-    _stop_when_running(slurm, job, metrics)
+def test_sbatch_on_two_nodes_checkpoints_at_the_time_limit_requeues_and_resumes_equal_to_straight(
+        slurm, straight, tmp_path):
+    """Slurm's own time-limit warning, not a stand-in: 3 minutes, USR1 90+15 s before the end, so
+    due 75 s in and sent 15-75 s in (Slurm looks once a minute and may send it up to 60 s early);
+    140 steps at 0.5 s cannot finish by then."""
+    ck, log, out = tmp_path / "ck", tmp_path / "job.log", tmp_path / "w.npz"
+    env = slurm.job_env(ck, HPCPS_STEP_DELAY=0.5, HPCPS_MAX_RESTARTS=3)
+    job = slurm.sbatch(env, log, ["--nodes=2", "--time=3", "--signal=B:USR1@105"],
+                       [f"job.steps={STEPS}", f"job.export={out}"], per_node=2)
     requeued = []
-    info = slurm.wait(job, 300, on_pending=slurm.release_requeued(job, requeued))
+    info = slurm.wait(job, 480, on_pending=slurm.release_requeued(job, requeued))
     text = log.read_text()
     assert info["JobState"] == "COMPLETED" and info["NodeList"] == "h[0-1]", slurm.diagnose(info, text)
-    assert int(info["Restarts"]) == 1 and requeued
-    runs = re.findall(r"hpcps-sbatch: job \d+ run \d+ .* on (\S+), (\d+) tasks, (\d+) PS", text)
-    assert runs == [("h[0-1]", "4", "2")] * 2, text
-    assert text.count(f"hpcps: layout: {TWO_HOSTS}") == 2 and "requeueing job" in text
+    assert int(info["Restarts"]) >= 1 and requeued
+    assert "SIGUSR1" in text and "requeueing job" in text and "training finished" in text
+    runs = re.findall(r"hpcps-sbatch: job \d+ run (\d+) .* on (\S+), (\d+) tasks, (\d+) PS", text)
+    assert [r[0] for r in runs] == [str(i + 1) for i in range(len(runs))] and len(runs) >= 2, text
+    assert all(r[1:] == ("h[0-1]", "4", "2") for r in runs)
+    assert text.count(f"hpcps: layout: {TWO_HOSTS}") == len(runs)
     resumed = [int(s) for s in re.findall(r"resuming from \S+ \(step (\d+)\)", text)]
-    assert len(resumed) == 1 and 0 < resumed[0] < STEPS
+    assert len(resumed) == len(runs) - 1 and all(0 < s < STEPS for s in resumed) and resumed == sorted(resumed)
     final = _finals(text)[-1]
     assert final["layout"]["hosts"] == 2 and final["layout"]["ps_per_host"] == [1, 1] and final["steps"] == STEPS
     assert_close(out, straight)
@@ -85,6 +91,7 @@ def test_a_two_node_job_resumed_by_a_one_node_job_reshards_and_ends_equal_to_str
     assert info["ExitCode"] == "85:0" and f"layout: {TWO_HOSTS}" in text, slurm.diagnose(info, text)
     stopped_at = store.read_manifest(store.newest_verified(ck))["step"]
     # by hand, as the log says, on one node now: 1 PS and the same 2 workers
+    env = slurm.job_env(ck, HPCPS_MAX_RESTARTS=0)             # no step delay now
     second = slurm.sbatch(env, tmp_path / "second.log", ["--nodes=1", "--time=10"],
                           [f"job.steps={STEPS}", f"job.export={out}"], per_node=3)
     info = slurm.wait(second, 180)
