@@ -276,7 +276,8 @@ def test_worker_memory_does_not_grow_with_steps(launch):
     for steps in (100, 1000):
         args = ["train", "--config", ROOT / "examples" / "ctr.toml", "--set", f"job.steps={steps}",
                 "metrics.progress=false", "metrics.path=", "job.eval_every=0", "data.eval_samples=1000"]
-        r = run_mpi(4, ["-m", "hpcps", *args] if launch == "command" else ["-c", *_AS_LIBRARY, *args], timeout=300)
+        r = run_mpi(4, ["-m", "hpcps", *args] if launch == "command" else ["-c", *_AS_LIBRARY, *args], timeout=300,
+                    env={"HPCPS_MALLOC_TUNE": None})
         final = _final(r.stdout)
         assert final["malloc"] == ("tcache_off" if launch == "command" else "trim")
         peak[steps] = max(final["memory"]["worker_peak_rss_mb"])
@@ -284,7 +285,8 @@ def test_worker_memory_does_not_grow_with_steps(launch):
 
 
 def test_hpcps_train_runs_with_the_tcache_off_unless_told():
-    assert _final(_train(2, ["job.steps=3", "metrics.path="]).stdout)["malloc"] == "tcache_off"
+    assert _final(_train(2, ["job.steps=3", "metrics.path="], env={"HPCPS_MALLOC_TUNE": None}).stdout)["malloc"] \
+        == "tcache_off"
     # (a user's own tunables are kept beside it: tests/test_process.py, the same function)
     assert _final(_train(2, ["job.steps=3", "metrics.path="], env={"HPCPS_MALLOC_TUNE": "0"}).stdout)["malloc"] == "off"
 
