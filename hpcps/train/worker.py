@@ -235,7 +235,8 @@ class Worker:
             rec["eval"] = evaluate(self.model, self.data, self.comm, self.device)
             improved, early = self.evals.observe(done, rec["eval"])
             if self.lead:
-                self.eval_post = {self.evals.metric: f"{rec['eval'][self.evals.metric]:.4f}"}
+                self.eval_post = {f"eval_{k}": f"{v:.4f}" for k, v in rec["eval"].items()
+                                  if k in ("auc", "logloss", "rmse", "mae")}
         if self.bar is not None:
             self.bar.set_postfix({**post, **self.eval_post}, refresh=False)
         self.log.write(rec)
