@@ -184,3 +184,45 @@ def test_criteo_values_over_64_bits_name_file_and_line_or_are_skipped(tmp_path):
 def test_ratings_out_of_float32_range_name_the_line(rating):
     with pytest.raises(ValueError, match="is not a finite number of at most 1e6"):
         parse_rating(f"1::2::{rating}::0")
+
+
+def _criteo_data(spec, *extra):
+    cfg = load_config(None, ["data.format=criteo", f"data.path={spec}", "data.batch_size=100", "data.hash_rows=5000",
+                             "job.epochs=1", "data.eval_fraction=0", *extra], environ={})
+    return make_data(cfg.data, 0, 1, 0)
+
+
+def test_a_glob_or_list_of_plain_gzip_and_bzip2_parts_reads_as_the_whole_file(tmp_path):
+    import bz2
+    import gzip
+    lines = CRITEO.read_text().splitlines(keepends=True)
+    (tmp_path / "day-0.txt").write_text("".join(lines[:300]))
+    with gzip.open(tmp_path / "day-1.gz", "wt") as f:
+        f.write("".join(lines[300:700]))
+    with bz2.open(tmp_path / "day-2.bz2", "wt") as f:
+        f.write("".join(lines[700:]))
+    whole = _criteo_data(CRITEO)
+    for spec in (f"{tmp_path}/day-*", f"{tmp_path}/day-0.txt, {tmp_path}/day-1.gz,{tmp_path}/day-2.bz2"):
+        parts = _criteo_data(spec)
+        assert parts.stats["train_samples"] == whole.stats["train_samples"] == 1000
+        for step in (0, 9):
+            a, b = whole.train_batch(step), parts.train_batch(step)
+            np.testing.assert_array_equal(a.labels, b.labels)
+            assert all(np.array_equal(x, y) for x, y in zip(a.sparse, b.sparse))
+
+
+def test_bad_input_specs_and_a_truncated_gzip_name_the_file(tmp_path):
+    import gzip
+    with pytest.raises(ValueError, match=r"the glob '.*/nothing-\*.gz' matches no file"):
+        _criteo_data(f"{tmp_path}/nothing-*.gz")
+    with pytest.raises(ValueError, match=r"data.path = .*: .*/missing.txt: no such file"):
+        _criteo_data(f"{CRITEO},{tmp_path}/missing.txt")
+    with pytest.raises(ValueError, match="is a directory"):
+        _criteo_data(f"{CRITEO},{tmp_path}")
+    with pytest.raises(ValueError, match="data.eval_path = '/nope.gz': no such file"):
+        _criteo_data(CRITEO, "data.eval_path=/nope.gz")
+    blob = gzip.compress(CRITEO.read_bytes())
+    cut = tmp_path / "cut.gz"
+    cut.write_bytes(blob[: len(blob) // 2])
+    with pytest.raises(ValueError, match=rf"{cut}: cannot be read past line \d+ .*truncated or damaged"):
+        _criteo_data(cut)

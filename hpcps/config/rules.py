@@ -5,6 +5,7 @@ import math
 from pathlib import Path
 
 from ..core.ids import INITS
+from ..core.inputs import expand_inputs
 from ..core.layout import PS_LAYOUTS
 from ..core.optimizers import LRSchedule, make_optimizer
 from ..core.settings import RMA_READS, ROW_DTYPES, SHARDINGS, THREAD_LEVELS, TRANSPORTS, WAIT_POLICIES, parse_mode
@@ -103,9 +104,9 @@ def validate(cfg: Config) -> None:
                "synthetic data is endless: set job.steps > 0 and leave job.epochs = 0")
     else:
         _check(bool(d.path), "data.path", d.path, f"format {d.format} needs a file")
-        _check(Path(d.path).is_file(), "data.path", d.path, "no such file")
+        expand_inputs(d.path, "data.path")                # a missing file, a glob matching nothing
         if d.eval_path:
-            _check(Path(d.eval_path).is_file(), "data.eval_path", d.eval_path, "no such file")
+            expand_inputs(d.eval_path, "data.eval_path")
         _check(j.steps > 0 or j.epochs > 0, "job.epochs", j.epochs, "set job.steps or job.epochs > 0")
     _check(d.hash_rows >= 1, "data.hash_rows", d.hash_rows, "must be >= 1")
     _check(m.kind in MODELS, "model.kind", m.kind, f"must be one of {', '.join(MODELS)}")

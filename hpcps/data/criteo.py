@@ -68,7 +68,7 @@ def load_criteo(path, eval_path, eval_fraction, rows, skip_bad, stats):
     """Train and eval arrays ``(dense, sparse, labels)``. Local."""
     train = read_lines(path, parse_criteo, skip_bad, stats)
     if eval_path:
-        evaluation = read_lines(eval_path, parse_criteo, skip_bad, stats)
+        evaluation = read_lines(eval_path, parse_criteo, skip_bad, stats, key="data.eval_path")
     else:
         cut = len(train) - int(round(len(train) * eval_fraction))
         train, evaluation = train[:cut], train[cut:]

@@ -49,7 +49,8 @@ def load_ratings(path, eval_path, eval_fraction, skip_bad, stats):
     """((train arrays), (eval arrays), num_users, num_items, mean rating). Local."""
     train = read_lines(path, parse_rating, skip_bad, stats, skip_header=_is_header)
     if eval_path:
-        evaluation = read_lines(eval_path, parse_rating, skip_bad, stats, skip_header=_is_header)
+        evaluation = read_lines(eval_path, parse_rating, skip_bad, stats, skip_header=_is_header,
+                                key="data.eval_path")
     else:
         cut = len(train) - int(round(len(train) * eval_fraction))
         train, evaluation = train[:cut], train[cut:]
