@@ -63,7 +63,8 @@ def run(rank: int, world: int, config: str, steps: int, warmup: int, port: int, 
         opt = build_sparse_optimizer(cfg.optimizer.sparse, steps)
         if type(opt).__name__ != "Adagrad" or opt.rowwise:
             raise ValueError("the RPC baseline implements element-wise Adagrad only")
-        _PS.update(tables=[torch.from_numpy(initial_rows(cfg.job.seed, n, np.arange(r), d, s)) for n, r, d, s in specs],
+        _PS.update(tables=[torch.from_numpy(initial_rows(cfg.job.seed, n, np.arange(r), d, s, kind=k))
+                           for n, r, d, k, s in specs],
                    lock=threading.Lock(), lr=opt.lr, eps=opt.eps)
         _PS["state"] = [torch.full_like(t, opt.initial_accumulator_value) for t in _PS["tables"]]
     opts = rpc.TensorPipeRpcBackendOptions(num_worker_threads=16, init_method=f"tcp://{master}:{port}",
