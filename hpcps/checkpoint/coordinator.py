@@ -181,8 +181,8 @@ class Checkpointer:
         kind = self._kind
         link = {"kind": kind, "parent": self._last if kind == "delta" else None,
                 "base": self._base if kind == "delta" else name}
-        manifest = {**self.meta, **self._step_meta, **link, "step": step, "time": time.time(), "num_ps": self.ctx.num_ps,
-                    "num_workers": self.ctx.num_workers,
+        manifest = {**self.meta, **self._step_meta, **link, "step": step, "time": time.time(),
+                    "num_ps": self.ctx.num_ps, "num_workers": self.ctx.num_workers,
                     "tables": [{"name": t.name, "num_rows": t.num_rows, "dim": t.dim,
                                 "optimizer": repr(t.optimizer),
                                 **({"segments": [list(x) for x in t.segments]} if t.segments else {})}

@@ -7,11 +7,11 @@ import numpy as np
 
 from ..checkpoint import store, tools
 from ..config.rules import BEST_METRICS
+from .evaluation import save_arrays
 
-__all__ = ["Evaluations", "default_metric", "METRICS", "stopped_early"]
+__all__ = ["Evaluations", "default_metric", "stopped_early"]
 
 logger = logging.getLogger(__name__)
-METRICS = BEST_METRICS
 
 
 def default_metric(task: str) -> str:
@@ -32,7 +32,7 @@ class Evaluations:
 
     def __init__(self, cfg, task: str, comm, lead: bool, ckpt=None, manifest: dict | None = None):
         self.metric = cfg.checkpoint.keep_best or default_metric(task)
-        self.maximise = METRICS[self.metric][1]
+        self.maximise = BEST_METRICS[self.metric][1]
         self.keep = bool(cfg.checkpoint.keep_best) and ckpt is not None
         self.patience, self.comm, self.lead, self.ckpt = cfg.job.early_stop_patience, comm, lead, ckpt
         state = (manifest or {}).get("evaluations", {})
@@ -79,8 +79,8 @@ class Evaluations:
     def mark(self, step: int) -> None:
         """Worker 0, once the checkpoint at ``step`` is committed: it is the best (``checkpoint.keep_best``). Local."""
         if self.lead and self.keep:
-            store.mark_best(self.ckpt.root, step, {"metric": self.metric, "value": self.best["value"],
-                                                            "results": self.best["results"]}, self.ckpt.file_mode)
+            info = {"metric": self.metric, "value": self.best["value"], "results": self.best["results"]}
+            store.mark_best(self.ckpt.root, step, info, self.ckpt.file_mode)
 
     def summary(self) -> dict:
         """The final line's ``best`` (worker 0): its step and results, or ``{}`` before any evaluation. Local."""
@@ -93,5 +93,5 @@ class Evaluations:
         best = store.read_best(self.ckpt.root)
         if best is None:
             raise ValueError(f"job.export_best: no best checkpoint in {self.ckpt.root} (no evaluation finished?)")
-        np.savez(path, **tools.weights(best["path"]))
+        save_arrays(path, tools.weights(best["path"]))
         return best["checkpoint"]

@@ -9,7 +9,7 @@ from mpi4py import MPI
 from ..metrics import auc, logloss, mae, rmse
 from ..models import embedding_penalty
 
-__all__ = ["step_loss", "evaluate", "export_weights"]
+__all__ = ["step_loss", "evaluate", "export_weights", "save_arrays"]
 
 
 def _inputs(batch, device):
@@ -75,5 +75,10 @@ def export_weights(path: str, model, tables) -> None:
             rows[ids] = t.pull(ids, full=True)
         for name, first, n in t.logical:        # a table-batched table: its feature tables, apart
             arrays[f"tables/{name}"] = rows[first:first + n]
+    save_arrays(path, arrays)
+
+
+def save_arrays(path: str, arrays: dict) -> None:
+    """``arrays`` to the .npz ``path``, its directory made if missing (``job.export``). Local."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     np.savez(path, **arrays)

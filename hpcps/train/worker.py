@@ -17,6 +17,7 @@ on the whole global batch.
 
 import functools
 import logging
+import sys
 import time
 
 import torch
@@ -95,8 +96,6 @@ class Worker:
         self.log = MetricsLog(cfg.metrics.path if self.lead else "")
         self.bar = None
         if self.lead and cfg.metrics.progress:
-            import sys
-
             from tqdm import tqdm
             # in a batch job's log (not a terminal) a redraw every 30 s, not 10 a second
             every = 0.1 if sys.stderr.isatty() else 30.0
