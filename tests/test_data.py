@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from hpcps.config import load_config
-from hpcps.data import BadLine, SyntheticCTR, make_data, parse_criteo, parse_rating
+from hpcps.data import BadLine, SyntheticCTR, criteo_layout, make_data, parse_block, parse_rating
 from hpcps.metrics import auc
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,16 +47,24 @@ def test_synthetic_is_zipf_and_planted_auc_is_high():
     assert 0.1 < y.mean() < 0.6
 
 
+def _criteo_line(line):
+    block = (line + "\n").encode()
+    return parse_block(block, 1, lambda i: f"f:{i + 1}", criteo_layout(1 << 20), False, {})
+
+
 def test_criteo_line_parsing_pads_and_validates():
-    label, ints, cats = parse_criteo("1\t5\t\t-3" + "\t" * 10 + "\t68fd1e64\t")
-    assert label == 1 and ints[:3] == [5, 0, -3] and len(ints) == 13 and len(cats) == 26
-    assert cats[0] == 0x68FD1E64
-    for bad, msg in [("2\t1", "label must be 0 or 1"), ("0\tx", "I1 is not an integer"),
+    dense, keys, labels, _ = _criteo_line("1\t5\t\t-3" + "\t" * 10 + "\t68fd1e64\t")
+    assert labels[0] == 1 and dense.shape == (1, 13) and keys.shape == (1, 26)
+    np.testing.assert_allclose(dense[0, :3], np.log1p([5, 0, 0]), rtol=1e-6)    # log(1 + max(x, 0))
+    from hpcps.core.ids import splitmix64
+    from hpcps.data.hashing import column_key
+    assert keys[0, 0] == int(splitmix64(np.uint64(0x68FD1E64) ^ column_key(0)) % np.uint64(1 << 20))
+    for bad, msg in [("2\t1", "label .* must be 0 or 1"), ("0\tx", "I1 is not a finite number"),
                      ("0" + "\t1" * 13 + "\tzz", "C1 is not a hex value"), ("0" + "\t" * 45, "expected 40"),
-                     ("0" + "\t1" * 13 + "\t" + "f" * 32, "at most 64 bits"),         # was an OverflowError
+                     ("0" + "\t1" * 13 + "\t" + "f" * 32, "at most 64 bits"),
                      ("0" + "\t1" * 13 + "\t-ff", "C1 is not a hex value"), ("0" + "\t1" * 13 + "\tf_f", "hex")]:
         with pytest.raises(ValueError, match=msg):
-            parse_criteo(bad)
+            _criteo_line(bad)
 
 
 def test_criteo_real_sample_reads_and_shards():
@@ -77,7 +85,7 @@ def test_criteo_malformed_line_names_file_and_line(tmp_path):
     f = tmp_path / "c.txt"
     f.write_text("\n".join([good] * 5 + ["0\tnot-a-number"] + [good] * 4) + "\n")
     sets = ["data.format=criteo", f"data.path={f}", "data.batch_size=2", "job.epochs=1"]
-    with pytest.raises(BadLine, match=rf"{f}:6: integer feature I1 is not an integer"):
+    with pytest.raises(BadLine, match=rf"{f}:6: column I1 is not a finite number"):
         make_data(load_config(None, sets, environ={}).data, 0, 1, 0)
     d = make_data(load_config(None, sets + ["data.skip_bad_lines=true"], environ={}).data, 0, 1, 0)
     assert d.stats["skipped_lines"] == 1 and d.stats["train_samples"] + d.stats["eval_samples"] == 9
@@ -174,7 +182,7 @@ def test_criteo_values_over_64_bits_name_file_and_line_or_are_skipped(tmp_path):
     f = tmp_path / "c.txt"
     f.write_text("\n".join([good] * 5 + ["0" + "\t1" * 13 + "\t" + "f" * 32] + [good] * 4) + "\n")
     sets = ["data.format=criteo", f"data.path={f}", "data.batch_size=2", "job.steps=1"]
-    with pytest.raises(BadLine, match=rf"{f.name}:6: categorical feature C1 is not a hex value of at most 64 bits"):
+    with pytest.raises(BadLine, match=rf"{f.name}:6: column C1 is not a hex value of at most 64 bits"):
         make_data(load_config(None, sets, environ={}).data, 0, 1, 0)
     d = make_data(load_config(None, sets + ["data.skip_bad_lines=true"], environ={}).data, 0, 1, 0)
     assert d.stats["skipped_lines"] == 1
@@ -202,7 +210,7 @@ def test_a_glob_or_list_of_plain_gzip_and_bzip2_parts_reads_as_the_whole_file(tm
     with bz2.open(tmp_path / "day-2.bz2", "wt") as f:
         f.write("".join(lines[700:]))
     whole = _criteo_data(CRITEO)
-    for spec in (f"{tmp_path}/day-*", f"{tmp_path}/day-0.txt, {tmp_path}/day-1.gz,{tmp_path}/day-2.bz2"):
+    for spec in (f"{tmp_path}/day-*", f"{tmp_path}/day-0.txt, {tmp_path}/day-1.gz,{tmp_path}/day-2.bz2", tmp_path):
         parts = _criteo_data(spec)
         assert parts.stats["train_samples"] == whole.stats["train_samples"] == 1000
         for step in (0, 9):
@@ -217,8 +225,9 @@ def test_bad_input_specs_and_a_truncated_gzip_name_the_file(tmp_path):
         _criteo_data(f"{tmp_path}/nothing-*.gz")
     with pytest.raises(ValueError, match=r"data.path = .*: .*/missing.txt: no such file"):
         _criteo_data(f"{CRITEO},{tmp_path}/missing.txt")
-    with pytest.raises(ValueError, match="is a directory"):
-        _criteo_data(f"{CRITEO},{tmp_path}")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="the directory .*empty holds no file"):
+        _criteo_data(f"{CRITEO},{tmp_path / 'empty'}")
     with pytest.raises(ValueError, match="data.eval_path = '/nope.gz': no such file"):
         _criteo_data(CRITEO, "data.eval_path=/nope.gz")
     blob = gzip.compress(CRITEO.read_bytes())

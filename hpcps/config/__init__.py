@@ -24,6 +24,29 @@ __all__ = ["Config", "load_config", "config_keys", "build_sparse_optimizer", "pa
            "validate", "SWITCHES", "ENV_ALIASES", "FORMATS", "MODELS"]
 
 
+# keys naming data columns: a name, a 0-based number, or a list of them (data.categorical also "rest")
+COLUMN_KEYS = ("data.label", "data.categorical", "data.dense", "data.drop")
+
+
+def _item(x: str):
+    x = x.strip().strip("'\"")
+    return int(x) if x.isdigit() else x
+
+
+def _columns(key, value, where):
+    if key == "data.label":
+        if isinstance(value, int) and not isinstance(value, bool):
+            return str(value)
+        if isinstance(value, str):
+            return value.strip()
+        raise ValueError(f"{where}: expected a column name or a 0-based number")
+    if isinstance(value, str):
+        return [_item(x) for x in value.split(",")] if value.strip() else []
+    if isinstance(value, list) and all(isinstance(x, (int, str)) and not isinstance(x, bool) for x in value):
+        return [x.strip() if isinstance(x, str) else x for x in value]
+    raise ValueError(f"{where}: expected a list of column names or 0-based numbers")
+
+
 def _coerce(key, value, default, source):
     """``value`` as the type of ``default``. Text is converted only where every value is text
     (environment, ``--set``): in a TOML file a number or list written as a string is an error,
@@ -47,13 +70,15 @@ def _coerce(key, value, default, source):
                 return float(text)
             if kind is list:
                 text = text.strip("[]")
-                return [int(x) for x in text.replace(",", " ").split()] if text else []
+                return [_item(x) for x in text.replace(",", " ").split()] if text else []
         except ValueError:
             raise ValueError(f"{where}: expected {kind.__name__}") from None
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if kind is list and isinstance(value, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in value):
         return list(value)
+    if key in COLUMN_KEYS:
+        return _columns(key, value, where)
     if kind is str and isinstance(value, bool):          # a switch written as a TOML boolean
         return "on" if value else "off"
     if type(value) is not kind:

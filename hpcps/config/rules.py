@@ -109,6 +109,19 @@ def validate(cfg: Config) -> None:
             expand_inputs(d.eval_path, "data.eval_path")
         _check(j.steps > 0 or j.epochs > 0, "job.epochs", j.epochs, "set job.steps or job.epochs > 0")
     _check(d.hash_rows >= 1, "data.hash_rows", d.hash_rows, "must be >= 1")
+    _check(d.reader in ("auto", "stream", "memory"), "data.reader", d.reader, "must be auto, stream or memory")
+    _check(d.shuffle_buffer >= 1, "data.shuffle_buffer", d.shuffle_buffer, "must be >= 1 (lines)")
+    d.delimiter = {"\\t": "\t", "tab": "\t"}.get(d.delimiter, d.delimiter)
+    _check(len(d.delimiter) == 1 and d.delimiter not in "\n\r\"", "data.delimiter", d.delimiter,
+           "must be one character, not a newline or a quote (write a tab as \"\\t\")")
+    _check(d.header in ("auto", "true", "false", "on", "off"), "data.header", d.header, "must be auto, true or false")
+    d.header = {"on": "true", "off": "false"}.get(d.header, d.header)
+    _check(d.keys in ("hash", "raw"), "data.keys", d.keys, "must be hash or raw")
+    _check("rest" not in d.categorical or d.categorical == ["rest"], "data.categorical", d.categorical,
+           "is \"rest\" or a list of columns, not both")
+    if d.format == "csv":
+        _check(d.label != "", "data.label", d.label, "format csv needs the label column (a header name or a "
+               "0-based number)")
     _check(m.kind in MODELS, "model.kind", m.kind, f"must be one of {', '.join(MODELS)}")
     if m.kind == "mf":
         _check(d.format == "ratings", "model.kind", m.kind, "mf needs data.format = ratings")

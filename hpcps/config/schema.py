@@ -5,7 +5,7 @@ from dataclasses import dataclass, field, fields
 
 __all__ = ["Config", "config_keys", "FORMATS", "MODELS", "ENV_ALIASES"]
 
-FORMATS = ("synthetic-ctr", "criteo", "ratings")
+FORMATS = ("synthetic-ctr", "criteo", "csv", "ratings")
 MODELS = ("dlrm", "mf")
 # short environment names, kept from before these settings were config keys
 ENV_ALIASES = {"HPCPS_NUM_PS": "job.num_ps", "HPCPS_MODE": "job.mode", "HPCPS_TRANSPORT": "job.transport",
@@ -53,7 +53,20 @@ class DataConfig:
     zipf: float = 1.2
     eval_samples: int = 50_000
     signal: float = 1.0
-    hash_rows: int = 100_000    # criteo: rows per categorical table
+    hash_rows: int = 100_000    # criteo, csv: rows per categorical table
+    reader: str = "auto"        # criteo, csv: auto | stream | memory (auto: stream above 256 MB of text)
+    shuffle_buffer: int = 65536  # stream: lines per shuffle window (also the read and parse unit)
+    shuffle_files: bool = True  # stream: the files' order is drawn anew (seeded) each epoch
+    delimiter: str = ","        # csv: the field separator ("\t" for TSV)
+    header: str = "auto"        # csv: auto | true | false (a first line of column names in every file)
+    label: str = ""             # csv: the label column (0/1): a header name or a 0-based number
+    categorical: list = field(default_factory=lambda: ["rest"])   # csv: names/numbers, or "rest"
+    dense: list = field(default_factory=list)    # csv: numeric feature columns (missing: 0)
+    dense_log: bool = False     # csv: dense values become log(1 + max(x, 0))
+    drop: list = field(default_factory=list)     # csv: columns to ignore
+    trace: str = ""             # a path prefix: worker w appends "step x x ..." (each sample's first dense
+    #                             feature) to <trace>.<w> for every batch it trains (tests count samples)
+    keys: str = "hash"          # csv: categorical values hashed per column | raw (decimal ids < hash_rows)
 
 
 @dataclass

@@ -1,29 +1,28 @@
-"""Data sources: synthetic CTR (default), Criteo TSV, ratings files."""
+"""Data sources: synthetic CTR (default), Criteo TSV, delimited files (CSV), ratings files."""
 
 from .base import Batch, DataSource, worker_slice
-from .criteo import load_criteo, parse_criteo
+from .columns import criteo_layout, parse_block
+from .sources import delimited
 from .files import BadLine
 from .ratings import load_ratings, parse_rating
 from .synthetic import SyntheticCTR
 from .tabular import TabularData
 
 __all__ = ["Batch", "DataSource", "worker_slice", "SyntheticCTR", "TabularData", "BadLine",
-           "parse_criteo", "load_criteo", "parse_rating", "load_ratings", "make_data"]
+           "criteo_layout", "parse_block", "parse_rating", "load_ratings", "make_data"]
 
 
-def make_data(cfg, seed: int, num_workers: int, worker: int) -> DataSource:
-    """The data source of a ``DataConfig`` for ``worker`` (any rank may build it for the
-    table sizes; PS ranks pass ``worker=0``). Local."""
+def make_data(cfg, seed: int, num_workers: int, worker: int, comm=None, reads: bool = True) -> DataSource:
+    """The data source of a ``DataConfig`` for ``worker``. Every rank builds it for the tables'
+    sizes and the epoch's length; a PS rank passes ``worker=0, reads=False`` (for criteo and csv it
+    then reads no sample). Collective over ``comm`` (every rank of it) where given: the files'
+    counting pass is shared out over its ranks. Local otherwise."""
     if cfg.format == "synthetic-ctr":
         return SyntheticCTR(cfg.num_tables, cfg.rows_per_table, cfg.num_dense, cfg.batch_size,
                             cfg.eval_samples, cfg.zipf, seed, num_workers, worker, signal=cfg.signal)
     stats = {}
-    if cfg.format == "criteo":
-        train, evaluation = load_criteo(cfg.path, cfg.eval_path, cfg.eval_fraction, cfg.hash_rows,
-                                        cfg.skip_bad_lines, stats)
-        tables = [(f"C{c + 1}", cfg.hash_rows) for c in range(len(train[1]))]
-        data = TabularData("ctr", tables, train, evaluation, cfg.batch_size, num_workers, worker, seed, stats)
-        return data
+    if cfg.format in ("criteo", "csv"):
+        return delimited(cfg, seed, num_workers, worker, comm, reads)
     if cfg.format == "ratings":
         train, evaluation, nu, ni, mean = load_ratings(cfg.path, cfg.eval_path, cfg.eval_fraction,
                                                        cfg.skip_bad_lines, stats)

@@ -1,11 +1,8 @@
-"""Shared machinery of the file readers: line-level sharding, epochs, bad lines."""
-
-import numpy as np
+"""Whole-file line reading for the ratings reader, and the bad-line error of every file reader."""
 
 from ..core.inputs import READ_ERRORS, expand_inputs, open_text
-from .base import worker_slice
 
-__all__ = ["BadLine", "read_lines", "shard_rows"]
+__all__ = ["BadLine", "read_lines"]
 
 
 class BadLine(ValueError):
@@ -49,9 +46,3 @@ def read_lines(spec, parse, skip_bad: bool, stats: dict, skip_header=None, key: 
                              f"or damaged compressed file?") from None
     return out
 
-
-def shard_rows(n: int, batch_size: int, num_workers: int, worker: int) -> np.ndarray:
-    """Indices of full global batches' rows that ``worker`` owns, batch-major. Local."""
-    nb = n // batch_size
-    sl = worker_slice(batch_size, num_workers, worker)
-    return (np.arange(nb)[:, None] * batch_size + np.arange(sl.start, sl.stop)[None, :]).reshape(-1)

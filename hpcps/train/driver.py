@@ -56,7 +56,7 @@ def train(cfg: Config) -> dict | None:
         # busy node: across pretend hosts sharing CPUs, the PS's adds took 3x as long)
         torch.set_num_threads(1 if ctx.is_ps else
                               cfg.model.threads or max(1, ctx.node_cpus // ctx.node_comm.Get_size()))
-        data = make_data(cfg.data, j.seed, ctx.num_workers, max(ctx.worker_rank, 0))
+        data = make_data(cfg.data, j.seed, ctx.num_workers, max(ctx.worker_rank, 0), world, not ctx.is_ps)
         steps = total_steps(cfg, data)
         pipe = pipeline_switches(cfg, ctx)
         tables = make_tables(cfg, ctx, data, steps, pipe)
@@ -74,7 +74,10 @@ def train(cfg: Config) -> dict | None:
                 ckpt.resumed_step = start
             if world.Get_rank() == 0:
                 logger.warning("hpcps: resuming from %s (step %d)", resume_from, start)
-            if stopped_early(ckpt_mod.read_manifest(resume_from)):   # that run is over: evaluate only
+            manifest = ckpt_mod.read_manifest(resume_from)
+            if hasattr(data, "resume"):                # a streamed epoch goes on where it stopped
+                data.resume(manifest.get("data_plan"), start)
+            if stopped_early(manifest):   # that run is over: evaluate only
                 if world.Get_rank() == 0:
                     logger.warning("hpcps: that run stopped early at step %d (job.early_stop_patience): "
                                    "nothing left to train", start)

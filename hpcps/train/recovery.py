@@ -112,7 +112,7 @@ class CheckpointTrigger:
     def __init__(self, cfg: Config, ckpt, stop, comm: MPI.Comm, lead: bool, start: int, control=None):
         self.c, self.ckpt, self.stop, self.comm, self.lead = cfg.checkpoint, ckpt, stop, comm, lead
         self.control = control          # the step protocol, for a stop asked of a PS rank
-        self.meta = dict                # what each checkpoint's manifest adds (worker 0's view)
+        self.meta = lambda step: {}     # what the checkpoint at a step adds to its manifest (worker 0's view)
         self.last_time, self.last_step, self.stopped = time.time(), start, False
         self._flags = np.zeros(2, np.int64)
         self._ask = np.zeros(1, np.int64)         # no checkpoint dir: the stop flag in flight
@@ -171,7 +171,7 @@ class CheckpointTrigger:
 
     def save(self, step: int, model, opt, log=None) -> None:
         """The checkpoint after ``step`` steps, now. Collective over the worker communicator."""
-        self.ckpt.checkpoint(step, model, opt, self.meta())
+        self.ckpt.checkpoint(step, model, opt, self.meta(step))
         self.last_time, self.last_step = time.time(), step
         if log is not None:
             log.write({"checkpoint": step, "stall_s": self.ckpt.stall_seconds[-1]})

@@ -89,7 +89,9 @@ class Worker:
         self.trigger = CheckpointTrigger(cfg, ckpt, stop, self.comm, self.lead, start, ctx.control)
         manifest = ckpt_mod.read_manifest(resume_from) if resume_from is not None and self.lead else None
         self.evals = Evaluations(cfg, data.task, self.comm, self.lead, ckpt, manifest)
-        self.trigger.meta = lambda: {"evaluations": self.evals.state()}
+        # the reading plan of a streamed epoch (hpcps.data.plan): a restart continues where it stopped
+        plan = getattr(data, "state", lambda step: None)
+        self.trigger.meta = lambda step: {"evaluations": self.evals.state(), "data_plan": plan(step)}
         epoch = data.steps_per_epoch if cfg.job.eval_each_epoch else None
         self.eval_every = [k for k in (cfg.job.eval_every, epoch) if k]
         self.eval_post = {}                                # worker 0: the last evaluation, on the bar
@@ -103,6 +105,8 @@ class Worker:
                             mininterval=every)
         self.telemetry = Telemetry(tables, self.embs, ctx.num_ps, cfg.data.batch_size, start)
         self.draw = loader.train_batch if loader is not None else data.train_batch
+        # data.trace (a testing aid): the first dense feature of every batch this worker trains
+        self.trace = open(f"{cfg.data.trace}.{ctx.worker_rank}", "a") if cfg.data.trace else None
         self.next_batch = None
         self.reported = {}          # step -> seconds its report took, when the lookup's hook made it
         # Early only where the loader makes the ids' plans: then the worker's work after its pushes
@@ -173,6 +177,9 @@ class Worker:
         t1 = time.perf_counter()
         batch = self.next_batch if self.next_batch is not None else self.draw(step)
         self.next_batch = None
+        if self.trace is not None:
+            self.trace.write(f"{step} " + " ".join(f"{x:.9g}" for x in batch.dense[:, 0]) + "\n")
+            self.trace.flush()
         t2 = time.perf_counter()
         waits0 = waits(embs)
         for e in embs:

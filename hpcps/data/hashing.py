@@ -1,0 +1,133 @@
+"""Column values to 64-bit keys, vectorised over Arrow string columns: hex values, decimal values,
+and a stable hash of arbitrary bytes. Every function works on the ``(offsets, data)`` buffers of an
+Arrow binary array, one numpy pass per byte, no Python per value. Local, pure (no MPI).
+
+The string hash is part of the data format (checkpoints keep rows by id): a polynomial over the
+bytes mod 2^64 (multiplier ``_P``), finished with SplitMix64 over the length and the column key.
+"""
+
+import numpy as np
+
+from ..core.ids import splitmix64
+
+__all__ = ["binary_buffers", "hex_keys", "decimal_keys", "hash_keys", "column_key", "EMPTY_HEX"]
+
+EMPTY_HEX = 0xFFFF_FFFF_FFFF          # the key of an empty hex field (Criteo's missing categoricals)
+_P = np.uint64(0x100000001B3)         # the FNV-64 prime, as the polynomial's multiplier
+_HEX = np.full(256, 255, np.uint8)
+for _k, _c in enumerate(b"0123456789abcdef"):
+    _HEX[_c] = _k
+for _k, _c in enumerate(b"ABCDEF"):
+    _HEX[_c] = 10 + _k
+_DEC = np.full(256, 255, np.uint8)
+_DEC[48:58] = np.arange(10)
+
+
+def column_key(index: int) -> np.uint64:
+    """The key mixed into the ids of the ``index``-th categorical column (0-based). Local."""
+    return np.uint64((index + 1) * 0x9E3779B97F4A7C15 % (1 << 64))
+
+
+def binary_buffers(arr):
+    """``(offsets (n+1,) int64 from 0, data uint8)`` of a pyarrow binary/string array without
+    nulls. Local."""
+    bufs = arr.buffers()
+    wide = str(arr.type).startswith("large_")
+    off = np.frombuffer(bufs[1], np.int64 if wide else np.int32, len(arr) + 1, arr.offset * (8 if wide else 4))
+    off = off.astype(np.int64)
+    data = np.frombuffer(bufs[2], np.uint8)[off[0]:off[-1]] if bufs[2] is not None else np.zeros(0, np.uint8)
+    return off - off[0], data
+
+
+def _one_length(lens, data):
+    """``(mask of the non-empty values, their common length)`` where every non-empty value has one
+    length (then ``data`` is a matrix, one row a value), else None."""
+    full = lens > 0
+    m = int(full.sum())
+    if m == 0 or data.shape[0] % m:
+        return None
+    length = data.shape[0] // m
+    return (full, length) if (lens[full] == length).all() else None
+
+
+def hex_keys(off, data):
+    """Values of 1-16 hex digits -> uint64; empty -> ``EMPTY_HEX``. Also a bool mask of the values
+    that are not such hex (over 16 digits, or a byte outside ``0-9a-fA-F``). Local."""
+    lens = np.diff(off)
+    n = lens.shape[0]
+    if data.shape[0] == 0:
+        return np.full(n, EMPTY_HEX, np.uint64), np.zeros(n, bool)
+    one = _one_length(lens, data)
+    if one is not None and one[1] <= 16:             # the common case: a matrix, one op per digit
+        full, length = one
+        digits = _HEX[data].reshape(-1, length)
+        v = np.zeros(digits.shape[0], np.uint64)
+        for c in range(length):
+            v <<= np.uint64(4)
+            v |= digits[:, c] & np.uint8(15)
+        keys = np.full(n, EMPTY_HEX, np.uint64)
+        keys[full] = v
+        bad = np.zeros(n, bool)
+        bad[full] = (digits == 255).any(axis=1)
+        return keys, bad
+    digits = _HEX[data]
+    starts = np.minimum(off[:-1], data.shape[0] - 1)
+    bad = np.add.reduceat((digits == 255).astype(np.int64), starts) > 0
+    place = np.repeat(off[1:], lens) - 1 - np.arange(data.shape[0])
+    with np.errstate(over="ignore"):
+        contrib = (digits & np.uint8(15)).astype(np.uint64) << (np.minimum(place, 15) * 4).astype(np.uint64)
+    keys = np.add.reduceat(contrib, starts)
+    empty = lens == 0
+    bad = (bad & ~empty) | (lens > 16)
+    keys[empty] = EMPTY_HEX
+    return keys, bad
+
+
+def decimal_keys(off, data):
+    """Values of 1-19 decimal digits -> uint64 (raw keys); also a mask of values that are not
+    (empty, a non-digit byte, more than 19 digits). Local."""
+    lens = np.diff(off)
+    n = lens.shape[0]
+    if data.shape[0] == 0:
+        return np.zeros(n, np.uint64), np.ones(n, bool)
+    digits = _DEC[data]
+    starts = np.minimum(off[:-1], data.shape[0] - 1)
+    bad = np.add.reduceat((digits == 255).astype(np.int64), starts) > 0
+    place = np.minimum(np.repeat(off[1:], lens) - 1 - np.arange(data.shape[0]), 19)
+    tens = np.uint64(10) ** np.arange(20, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        contrib = (digits % np.uint8(10)).astype(np.uint64) * tens[place]
+    keys = np.add.reduceat(contrib, starts)
+    bad = bad | (lens == 0) | (lens > 19)
+    keys[lens == 0] = 0
+    return keys, bad
+
+
+def hash_keys(off, data, key: np.uint64):
+    """A stable 64-bit hash of each value's bytes (any bytes, the empty value included), mixed
+    with the column ``key``. Local."""
+    lens = np.diff(off)
+    n = lens.shape[0]
+    one = _one_length(lens, data) if data.shape[0] else None
+    if data.shape[0] == 0:
+        h = np.zeros(n, np.uint64)
+    elif one is not None:                            # one length: a matrix, one op per byte column
+        full, length = one
+        rows = data.reshape(-1, length)
+        v = np.zeros(rows.shape[0], np.uint64)
+        with np.errstate(over="ignore"):
+            for c in range(length):
+                v *= _P
+                v += rows[:, c]
+        h = np.zeros(n, np.uint64)
+        h[full] = v
+    else:
+        starts = np.minimum(off[:-1], data.shape[0] - 1)
+        place = np.repeat(off[1:], lens) - 1 - np.arange(data.shape[0])
+        top = int(place.max()) + 1 if place.shape[0] else 1
+        with np.errstate(over="ignore"):
+            powers = np.cumprod(np.concatenate([[np.uint64(1)], np.full(top - 1, _P, np.uint64)]))
+            h = np.add.reduceat(data.astype(np.uint64) * powers[place], starts)
+        h[lens == 0] = 0
+    with np.errstate(over="ignore"):
+        return splitmix64(h ^ splitmix64(lens.astype(np.uint64) ^ key))
