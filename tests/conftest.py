@@ -11,3 +11,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # tests/parallel runs only under mpiexec (tests/test_parallel.py launches it);
 # a plain serial run would skip every test in it.
 collect_ignore = ["parallel", "programs"]
+
+import mpirun  # noqa: E402
+
+mpirun.SKIP_MALLOC_TUNE = True   # a test's few steps do not need glibc's tcache off (see mpi_env)

@@ -12,6 +12,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PROGRAMS = Path(__file__).resolve().parent / "programs"
 CLUSTER = ROOT / "scripts" / "cluster.sh"
 
+SKIP_MALLOC_TUNE = False       # tests/conftest.py: True
+
 
 def mpiexec() -> str:
     exe = os.environ.get("HPCPS_MPIEXEC")
@@ -47,8 +49,10 @@ def mpi_env(extra=None) -> dict:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     # `hpcps train` restarts itself with glibc's tcache off (a heap that does not fragment over
     # thousands of steps); a test's few steps do not need it, and the restart costs ~1 s of a 10 s
-    # launch on 2 cores. The tests of the restart itself ask for it (extra {"HPCPS_MALLOC_TUNE": None}).
-    env["HPCPS_MALLOC_TUNE"] = "0"
+    # launch on 2 cores: tests/conftest.py sets SKIP_MALLOC_TUNE (benchmarks run as users do). The
+    # tests of the restart itself ask for it (extra {"HPCPS_MALLOC_TUNE": None}).
+    if SKIP_MALLOC_TUNE:
+        env["HPCPS_MALLOC_TUNE"] = "0"
     for k, v in (extra or {}).items():
         if v is None:
             env.pop(k, None)

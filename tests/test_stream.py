@@ -194,3 +194,15 @@ def test_stream_memory_does_not_grow_with_the_input(tmp_path):
         peaks.append(kb)
     assert peaks[1] < 1.1 * peaks[0], peaks              # 10x the input, within 10% of the memory
     # (windows of 2048 lines: both inputs fill them; bench_data.py measures the default at 600 MB)
+
+
+def test_a_loader_process_streams_the_same_batches(tmp_path):
+    from hpcps.data.loader import BatchAhead, supported
+    if not supported():
+        pytest.skip("the loader runs on Linux x86-64 only")
+    spec = _csv(tmp_path)
+    data, ref = _data(spec, 3, 2), _data(spec, 3, 2)
+    with BatchAhead(data, 4, 60, depth=2) as loader:            # across an epoch's end (25 steps)
+        for step in range(4, 60):
+            a, b = loader.train_batch(step), ref.train_batch(step)
+            assert _sids(a) == _sids(b) and all(np.array_equal(x, y) for x, y in zip(a.sparse, b.sparse))

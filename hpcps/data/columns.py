@@ -128,14 +128,13 @@ def _fast(block: bytes, n: int, lay: Layout):
     label = tab.column(0).to_numpy(zero_copy_only=False)
     if np.isnan(label).any() or not np.isin(label, (0.0, 1.0)).all():
         raise _Slow("label")
-    dense = np.zeros((n, len(lay.dense)), np.float64)
+    dense = np.empty((n, len(lay.dense)), np.float32)     # a column at a time in float64
     for k in range(len(lay.dense)):
         col = tab.column(1 + k)
-        dense[:, k] = col.fill_null(0.0).to_numpy(zero_copy_only=False) if col.null_count else col.to_numpy()
-    if not np.isfinite(dense).all() or (np.abs(dense) > 3e38).any():
-        raise _Slow("dense")
-    if lay.dense_log:
-        dense = np.log1p(np.maximum(dense, 0))
+        x = col.fill_null(0.0).to_numpy(zero_copy_only=False) if col.null_count else col.to_numpy()
+        if not np.isfinite(x).all() or (np.abs(x) > 3e38).any():
+            raise _Slow("dense")
+        dense[:, k] = np.log1p(np.maximum(x, 0)) if lay.dense_log else x
     keys = np.empty((n, len(lay.categorical)), np.uint64)
     for k, c in enumerate(lay.categorical):
         off, data = binary_buffers(tab.column(1 + len(lay.dense) + k).combine_chunks())
@@ -154,7 +153,7 @@ def _fast(block: bytes, n: int, lay: Layout):
         keys = splitmix64(keys)
     if lay.keys != "raw":
         keys %= np.uint64(lay.rows)
-    return dense.astype(np.float32), keys.astype(np.int64), label.astype(np.float32)
+    return dense, keys.view(np.int64), label.astype(np.float32)          # keys < rows < 2^63
 
 
 # -- the slow path: one line at a time, to name what is wrong --------------------------------------

@@ -10,7 +10,7 @@ reads the input into memory: there a global batch is the same rows whatever the 
 
 from ..core.inputs import expand_inputs
 from .columns import criteo_layout, resolve_layout
-from .stream import Lines, StreamData, read_all
+from .stream import PARSE_LINES, Lines, StreamData, read_all
 from .tabular import TabularData
 from .textfiles import index_file
 
@@ -133,8 +133,8 @@ def delimited(d, seed: int, num_workers: int, worker: int, comm=None, reads: boo
     arrays, error = None, None
     if reads:
         try:
-            arrays = (read_all(train, lay, d.shuffle_buffer, d.skip_bad_lines, stats),
-                      read_all(evaluation, lay, d.shuffle_buffer, d.skip_bad_lines, stats))
+            arrays = (read_all(train, lay, PARSE_LINES, d.skip_bad_lines, stats),
+                      read_all(evaluation, lay, PARSE_LINES, d.skip_bad_lines, stats))
         except ValueError as e:            # a bad line: raised on every rank, not only where it was read
             error = e
     counts = [(arrays[0][2].shape[0] if arrays else -1, error)]

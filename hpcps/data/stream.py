@@ -2,10 +2,10 @@
 shuffle window at a time, so its memory holds a window or two whatever the input's size. Local.
 
 A worker's share (:mod:`hpcps.data.plan`) is read in *windows* of ``data.shuffle_buffer`` lines;
-each window is parsed whole (:func:`hpcps.data.columns.parse_block`) and its samples taken in a
-seeded order (seed, epoch, plan, worker, window). A line dropped as bad or empty leaves its place
-to a copy of another sample of its window (counted in ``stats``), so every batch keeps its size and
-every position follows from the step. Evaluation reads each worker's contiguous part of the eval
+each window is parsed ``PARSE_LINES`` at a time (:func:`hpcps.data.columns.parse_block`) into
+arrays of its size, and its samples are taken in a seeded order (seed, epoch, plan, worker,
+window). A line dropped as bad or empty leaves its place to a copy of another sample of its block
+(counted in ``stats``), so every batch keeps its size and every position follows from the step. Evaluation reads each worker's contiguous part of the eval
 lines in file order.
 """
 
@@ -19,6 +19,7 @@ from .textfiles import LineReader
 __all__ = ["Lines", "StreamData", "read_all"]
 
 EVAL_BATCH = 4096
+PARSE_LINES = 16384           # lines parsed at once (a window is parsed in such blocks)
 
 
 class Lines:
@@ -123,27 +124,34 @@ class StreamData(DataSource):
         return self._epoch[1]
 
     def _window(self, plan: Plan, j: int):
+        """Window ``j`` of this worker's share: ``(dense, keys, labels, order)``, in stream order,
+        parsed ``PARSE_LINES`` at a time into arrays of the window's size (so that memory holds
+        the window's samples and one block's text and temporaries)."""
         key = (plan.epoch, plan.step0, j)
         if self._win[0] == key:
             return self._win[1]
         self._win = (None, None)                 # free the last window before reading the next
-        share = plan.pieces[self.worker]
         q0 = j * self.window
-        q1 = min(q0 + self.window, plan.share_len(self.worker))
+        n = min(q0 + self.window, plan.share_len(self.worker)) - q0
+        ranges = stream_ranges(plan.pieces[self.worker], q0, q0 + n)
         lines = self._lines(plan.epoch)
-        d, k, y, slots, n = _read(self._reader, lines, stream_ranges(share, q0, q1), self.lay, self.skip_bad,
-                                  self.stats)
-        if slots is not None:                    # dropped lines: their places take copies of others
-            if slots.shape[0] == 0:
-                raise ValueError(f"no usable line among lines {q0}-{q1} of worker {self.worker}'s share "
-                                 f"of epoch {plan.epoch}: every one was bad or empty")
-            rng = np.random.default_rng([self.seed, 17, plan.epoch, plan.step0, self.worker, j])
-            take = rng.integers(0, slots.shape[0], n)
-            take[slots] = np.arange(slots.shape[0])
-            d, k, y = d[take], k[take], y[take]
-            self.stats["filled_places"] = self.stats.get("filled_places", 0) + n - slots.shape[0]
-        order = window_order(self.seed, plan, self.worker, j, n)
-        self._win = (key, (d[order], k[order], y[order]))
+        dense = np.empty((n, len(self.lay.dense)), np.float32)
+        keys = np.empty((n, len(self.lay.categorical)), np.int64)
+        labels = np.empty(n, np.float32)
+        rng = np.random.default_rng([self.seed, 17, plan.epoch, plan.step0, self.worker, j])
+        for a in range(0, n, PARSE_LINES):
+            d, k, y, slots, m = _read(self._reader, lines, stream_ranges(ranges, a, min(a + PARSE_LINES, n)),
+                                      self.lay, self.skip_bad, self.stats)
+            if slots is not None:                # dropped lines: their places take copies of others
+                if slots.shape[0] == 0:
+                    raise ValueError(f"no usable line among lines {q0 + a}-{q0 + a + m} of worker {self.worker}'s "
+                                     f"share of epoch {plan.epoch}: every one was bad or empty")
+                take = rng.integers(0, slots.shape[0], m)
+                take[slots] = np.arange(slots.shape[0])
+                d, k, y = d[take], k[take], y[take]
+                self.stats["filled_places"] = self.stats.get("filled_places", 0) + m - slots.shape[0]
+            dense[a:a + m], keys[a:a + m], labels[a:a + m] = d, k, y
+        self._win = (key, (dense, keys, labels, window_order(self.seed, plan, self.worker, j, n)))
         return self._win[1]
 
     def train_batch(self, step: int) -> Batch:
@@ -151,21 +159,18 @@ class StreamData(DataSource):
         plan = self.plan(epoch)
         take = plan.take(self.worker)
         q0 = (step - plan.step0) * take
-        parts = []
+        picks = []
         q = q0
         while q < q0 + take:
             j = q // self.window
-            d, k, y = self._window(plan, j)
+            d, k, y, order = self._window(plan, j)
             lo = q - j * self.window
             hi = min(q0 + take - j * self.window, y.shape[0])
-            parts.append((d[lo:hi], k[lo:hi], y[lo:hi]))
+            idx = order[lo:hi]
+            picks.append((d[idx], k[idx], y[idx]))
             q += hi - lo
-        if len(parts) == 1:
-            d, k, y = parts[0]
-        else:
-            d, k, y = (np.concatenate([p[i] for p in parts]) for i in range(3))
-        return Batch(np.ascontiguousarray(d), [np.ascontiguousarray(k[:, t]) for t in range(k.shape[1])],
-                     np.ascontiguousarray(y))
+        d, k, y = picks[0] if len(picks) == 1 else (np.concatenate([p[i] for p in picks]) for i in range(3))
+        return Batch(d, [np.ascontiguousarray(k[:, t]) for t in range(k.shape[1])], y)
 
     # -- evaluation ----------------------------------------------------------------------------
     def eval_batches(self, batch_size: int = EVAL_BATCH):
@@ -173,8 +178,8 @@ class StreamData(DataSource):
         a, b = m * w // nw, m * (w + 1) // nw
         reader = LineReader(self.evaluation.files)
         try:
-            for s in range(a, b, self.window):
-                d, k, y, _, _ = _read(reader, self.evaluation, [[s, min(s + self.window, b)]], self.lay,
+            for s in range(a, b, PARSE_LINES):
+                d, k, y, _, _ = _read(reader, self.evaluation, [[s, min(s + PARSE_LINES, b)]], self.lay,
                                       self.skip_bad, {})
                 for i in range(0, y.shape[0], batch_size):
                     yield Batch(d[i:i + batch_size], [np.ascontiguousarray(k[i:i + batch_size, t])
