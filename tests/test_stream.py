@@ -206,3 +206,19 @@ def test_a_loader_process_streams_the_same_batches(tmp_path):
         for step in range(4, 60):
             a, b = loader.train_batch(step), ref.train_batch(step)
             assert _sids(a) == _sids(b) and all(np.array_equal(x, y) for x, y in zip(a.sparse, b.sparse))
+
+
+def test_stream_split_batches_gives_the_same_global_batches_whatever_the_workers(tmp_path):
+    spec = _csv(tmp_path)
+    one = _data(spec, 1, 0, "data.stream_split=batches")
+    three = [_data(spec, 3, w, "data.stream_split=batches") for w in range(3)]
+    for step in (0, 1, 7, 24, 25, 40):                          # epoch 1 as well
+        assert sum((_sids(d.train_batch(step)) for d in three), []) == _sids(one.train_batch(step))
+    assert sorted(sum((_sids(one.train_batch(s)) for s in range(25)), [])) == list(range(1000))
+    state = three[0].state(10)                     # a restart in shares with other workers: still exact
+    two = [_data(spec, 2, w) for w in range(2)]
+    for d in two:
+        d.resume(state, 10)
+    seen = sum((_sids(one.train_batch(s)) for s in range(10)), [])
+    seen += sum((_sids(d.train_batch(s)) for s in range(10, 25) for d in two), [])
+    assert sorted(seen) == list(range(1000))

@@ -230,6 +230,22 @@ def test_train_criteo_sample():
     assert 0.4 < final["auc"] <= 1.0 and final["logloss"] < 1.0
 
 
+def test_streamed_global_batches_in_sync_equal_one_process(tmp_path):
+    """data.stream_split = batches: 3 workers streaming the Criteo sample (split in a plain and a
+    gzipped part) train what one process does on the same stream."""
+    import gzip
+    lines = CRITEO.read_text().splitlines(keepends=True)
+    (tmp_path / "day-0").write_text("".join(lines[:600]))
+    with gzip.open(tmp_path / "day-1", "wt") as f:
+        f.write("".join(lines[600:]))
+    _assert_equals_reference(tmp_path, 4, ["metrics.progress=false", "metrics.path=", "job.epochs=1",
+                                           f"data.path={tmp_path}/day-*", "data.reader=stream",
+                                           "data.stream_split=batches", "data.shuffle_buffer=300",
+                                           "optimizer.sparse.name=sgd", "optimizer.sparse.lr=0.2",
+                                           "optimizer.dense.name=sgd", "optimizer.dense.lr=0.1"],
+                             config=ROOT / "examples" / "criteo.toml")
+
+
 def test_config_error_fails_every_rank_with_one_message():
     r = _train(3, ["job.stepz=5"], check=False, timeout=60)
     assert r.returncode != 0

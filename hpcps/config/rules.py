@@ -110,6 +110,7 @@ def validate(cfg: Config) -> None:
         _check(j.steps > 0 or j.epochs > 0, "job.epochs", j.epochs, "set job.steps or job.epochs > 0")
     _check(d.hash_rows >= 1, "data.hash_rows", d.hash_rows, "must be >= 1")
     _check(d.reader in ("auto", "stream", "memory"), "data.reader", d.reader, "must be auto, stream or memory")
+    _check(d.stream_split in ("shares", "batches"), "data.stream_split", d.stream_split, "must be shares or batches")
     _check(d.shuffle_buffer >= 1, "data.shuffle_buffer", d.shuffle_buffer, "must be >= 1 (lines)")
     d.delimiter = {"\\t": "\t", "tab": "\t"}.get(d.delimiter, d.delimiter)
     _check(len(d.delimiter) == 1 and d.delimiter not in "\n\r\"", "data.delimiter", d.delimiter,

@@ -57,6 +57,7 @@ class DataConfig:
     reader: str = "auto"        # criteo, csv: auto | stream | memory (auto: stream above 256 MB of text)
     shuffle_buffer: int = 65536  # stream: lines per shuffle window (also the read and parse unit)
     shuffle_files: bool = True  # stream: the files' order is drawn anew (seeded) each epoch
+    stream_split: str = "shares"  # stream: shares (each worker reads its share) | batches (all read all)
     delimiter: str = ","        # csv: the field separator ("\t" for TSV)
     header: str = "auto"        # csv: auto | true | false (a first line of column names in every file)
     label: str = ""             # csv: the label column (0/1): a header name or a 0-based number

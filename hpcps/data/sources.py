@@ -5,7 +5,9 @@ where one is given (every rank of it calls), else local.
 ``data.reader = "auto"`` streams when the input holds more than ``MEMORY_BYTES`` of text, else it
 reads the input into memory: there a global batch is the same rows whatever the number of workers
 (a sync-mode result does not depend on it), while a stream cuts the epoch into one share per worker
-(see :mod:`hpcps.data.plan`).
+(see :mod:`hpcps.data.plan`), or, with ``data.stream_split = "batches"``, has every worker read
+every line and take its slice of each global batch (independent of the number of workers again,
+at the cost of reading the input once per worker).
 """
 
 from ..core.inputs import expand_inputs
@@ -129,7 +131,7 @@ def delimited(d, seed: int, num_workers: int, worker: int, comm=None, reads: boo
     stream = d.reader == "stream" or (d.reader == "auto" and text > MEMORY_BYTES)
     if stream:
         return StreamData(lay, train, evaluation, d.batch_size, num_workers, worker, seed, d.shuffle_buffer,
-                          d.shuffle_files, d.skip_bad_lines, stats)
+                          d.shuffle_files, d.skip_bad_lines, stats, d.stream_split)
     arrays, error = None, None
     if reads:
         try:

@@ -11,7 +11,7 @@ lines in file order.
 
 import numpy as np
 
-from .base import Batch, DataSource
+from .base import Batch, DataSource, worker_slice
 from .columns import parse_block
 from .plan import Plan, epoch_order, fresh_plan, replan, runs, stream_ranges, window_order
 from .textfiles import LineReader
@@ -76,11 +76,12 @@ class StreamData(DataSource):
     the plan a checkpoint records (worker 0's answer is every worker's)."""
 
     def __init__(self, lay, train: Lines, evaluation: Lines, batch_size: int, num_workers: int, worker: int,
-                 seed: int, window: int, shuffle_files: bool, skip_bad: bool, stats: dict):
+                 seed: int, window: int, shuffle_files: bool, skip_bad: bool, stats: dict, split: str = "shares"):
         self.lay, self.train, self.evaluation = lay, train, evaluation
         self.task, self.tables, self.num_dense = "ctr", lay.tables, len(lay.dense)
         self.batch, self.workers, self.worker, self.seed = batch_size, num_workers, worker, seed
         self.window, self.shuffle_files, self.skip_bad, self.stats = window, shuffle_files, skip_bad, stats
+        self.split = split                      # shares | batches (every worker reads every line)
         if train.total < batch_size:
             raise ValueError(f"the training data has {train.total} lines, fewer than data.batch_size = {batch_size}")
         self.steps_per_epoch = train.total // batch_size
@@ -95,7 +96,7 @@ class StreamData(DataSource):
         """The shares of ``epoch``: the resumed plan for its epoch, else a fresh one. Local."""
         if self._resumed is not None and self._resumed.epoch == epoch:
             return self._resumed
-        return fresh_plan(epoch, self.steps_per_epoch, self.batch, self.workers)
+        return fresh_plan(epoch, self.steps_per_epoch, self.batch, 1 if self.split == "batches" else self.workers)
 
     def resume(self, state: dict | None, step: int) -> None:
         """Continue from a checkpoint at ``step`` whose manifest recorded ``state``; a plan made for
@@ -105,10 +106,13 @@ class StreamData(DataSource):
             self._resumed = None
             return
         plan = Plan.from_dict(state)
+        if self.split == "batches" and (plan.workers != 1 or plan.step0 != epoch * self.steps_per_epoch):
+            raise ValueError("the checkpoint read its epoch in shares (data.stream_split = 'shares'); this run reads "
+                             "it in global batches: finish the epoch with 'shares', or start a new run")
         if plan.batch != self.batch:
             raise ValueError(f"the checkpoint read its data with data.batch_size = {plan.batch}; this run has "
                              f"{self.batch}: the position in the epoch cannot be kept (start a new run, or keep it)")
-        if plan.workers != self.workers:
+        if plan.workers != self.workers and self.split == "shares":
             plan = replan(plan, step, self.steps_per_epoch, self.workers, self.window, self.seed)
         self._resumed = plan
 
@@ -123,7 +127,7 @@ class StreamData(DataSource):
             self._epoch = (epoch, self.train.reorder(order))
         return self._epoch[1]
 
-    def _window(self, plan: Plan, j: int):
+    def _window(self, plan: Plan, w: int, j: int):
         """Window ``j`` of this worker's share: ``(dense, keys, labels, order)``, in stream order,
         parsed ``PARSE_LINES`` at a time into arrays of the window's size (so that memory holds
         the window's samples and one block's text and temporaries)."""
@@ -132,38 +136,42 @@ class StreamData(DataSource):
             return self._win[1]
         self._win = (None, None)                 # free the last window before reading the next
         q0 = j * self.window
-        n = min(q0 + self.window, plan.share_len(self.worker)) - q0
-        ranges = stream_ranges(plan.pieces[self.worker], q0, q0 + n)
+        n = min(q0 + self.window, plan.share_len(w)) - q0
+        ranges = stream_ranges(plan.pieces[w], q0, q0 + n)
         lines = self._lines(plan.epoch)
         dense = np.empty((n, len(self.lay.dense)), np.float32)
         keys = np.empty((n, len(self.lay.categorical)), np.int64)
         labels = np.empty(n, np.float32)
-        rng = np.random.default_rng([self.seed, 17, plan.epoch, plan.step0, self.worker, j])
+        rng = np.random.default_rng([self.seed, 17, plan.epoch, plan.step0, w, j])
         for a in range(0, n, PARSE_LINES):
             d, k, y, slots, m = _read(self._reader, lines, stream_ranges(ranges, a, min(a + PARSE_LINES, n)),
                                       self.lay, self.skip_bad, self.stats)
             if slots is not None:                # dropped lines: their places take copies of others
                 if slots.shape[0] == 0:
-                    raise ValueError(f"no usable line among lines {q0 + a}-{q0 + a + m} of worker {self.worker}'s "
+                    raise ValueError(f"no usable line among lines {q0 + a}-{q0 + a + m} of share {w} "
                                      f"share of epoch {plan.epoch}: every one was bad or empty")
                 take = rng.integers(0, slots.shape[0], m)
                 take[slots] = np.arange(slots.shape[0])
                 d, k, y = d[take], k[take], y[take]
                 self.stats["filled_places"] = self.stats.get("filled_places", 0) + m - slots.shape[0]
             dense[a:a + m], keys[a:a + m], labels[a:a + m] = d, k, y
-        self._win = (key, (dense, keys, labels, window_order(self.seed, plan, self.worker, j, n)))
+        self._win = (key, (dense, keys, labels, window_order(self.seed, plan, w, j, n)))
         return self._win[1]
 
     def train_batch(self, step: int) -> Batch:
         epoch = step // self.steps_per_epoch
         plan = self.plan(epoch)
-        take = plan.take(self.worker)
-        q0 = (step - plan.step0) * take
+        if self.split == "batches":               # one share; this worker's slice of each global batch
+            w, sl = 0, worker_slice(self.batch, self.workers, self.worker)
+            q0, take = (step - plan.step0) * self.batch + sl.start, sl.stop - sl.start
+        else:
+            w, take = self.worker, plan.take(self.worker)
+            q0 = (step - plan.step0) * take
         picks = []
         q = q0
         while q < q0 + take:
             j = q // self.window
-            d, k, y, order = self._window(plan, j)
+            d, k, y, order = self._window(plan, w, j)
             lo = q - j * self.window
             hi = min(q0 + take - j * self.window, y.shape[0])
             idx = order[lo:hi]
