@@ -50,6 +50,30 @@ def _one_length(lens, data):
     return (full, length) if (lens[full] == length).all() else None
 
 
+def _by_digit(digits):
+    v = np.zeros(digits.shape[0], np.uint64)
+    for c in range(digits.shape[1]):
+        v <<= np.uint64(4)
+        v |= digits[:, c] & np.uint8(15)
+    return v
+
+
+_LO4, _BIT6 = np.uint64(0x0F0F0F0F0F0F0F0F), np.uint64(0x0101010101010101)
+
+
+def _swar8(data):
+    """Values of exactly 8 hex digits, 8 bytes a uint64 word: each byte to its nibble
+    (``(c & 15) + 9 * (c >> 6)``: digits and both letter cases), then the nibbles packed in
+    pairs, fours and eights with the first byte most significant."""
+    w = data.view("<u8")
+    with np.errstate(over="ignore"):
+        x = (w & _LO4) + np.uint64(9) * ((w >> np.uint64(6)) & _BIT6)
+        x = ((x & np.uint64(0x000F000F000F000F)) << np.uint64(4)) | ((x >> np.uint64(8)) & np.uint64(0x000F000F000F000F))
+        x = ((x & np.uint64(0x000000FF000000FF)) << np.uint64(8)) | ((x >> np.uint64(16)) & np.uint64(0x000000FF000000FF))
+        x = ((x & np.uint64(0x000000000000FFFF)) << np.uint64(16)) | ((x >> np.uint64(32)) & np.uint64(0xFFFF))
+    return x
+
+
 def hex_keys(off, data):
     """Values of 1-16 hex digits -> uint64; empty -> ``EMPTY_HEX``. Also a bool mask of the values
     that are not such hex (over 16 digits, or a byte outside ``0-9a-fA-F``). Local."""
@@ -60,15 +84,12 @@ def hex_keys(off, data):
     one = _one_length(lens, data)
     if one is not None and one[1] <= 16:             # the common case: a matrix, one op per digit
         full, length = one
-        digits = _HEX[data].reshape(-1, length)
-        v = np.zeros(digits.shape[0], np.uint64)
-        for c in range(length):
-            v <<= np.uint64(4)
-            v |= digits[:, c] & np.uint8(15)
-        keys = np.full(n, EMPTY_HEX, np.uint64)
-        keys[full] = v
+        digits = _HEX[data]
         bad = np.zeros(n, bool)
-        bad[full] = (digits == 255).any(axis=1)
+        if (digits == 255).any():                    # rare: find the values holding a non-hex byte
+            bad[full] = (digits.reshape(-1, length) == 255).any(axis=1)
+        keys = np.full(n, EMPTY_HEX, np.uint64)
+        keys[full] = _swar8(data) if length == 8 else _by_digit(digits.reshape(-1, length))
         return keys, bad
     digits = _HEX[data]
     starts = np.minimum(off[:-1], data.shape[0] - 1)

@@ -178,7 +178,8 @@ class StreamData(DataSource):
             picks.append((d[idx], k[idx], y[idx]))
             q += hi - lo
         d, k, y = picks[0] if len(picks) == 1 else (np.concatenate([p[i] for p in picks]) for i in range(3))
-        return Batch(d, [np.ascontiguousarray(k[:, t]) for t in range(k.shape[1])], y)
+        kt = np.ascontiguousarray(k.T)                    # one copy; each table's ids a row of it
+        return Batch(d, list(kt), y)
 
     # -- evaluation ----------------------------------------------------------------------------
     def eval_batches(self, batch_size: int = EVAL_BATCH):
