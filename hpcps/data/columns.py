@@ -21,6 +21,7 @@ from .hashing import binary_buffers, column_key, decimal_keys, hash_keys, hex_ke
 __all__ = ["Layout", "resolve_layout", "criteo_layout", "parse_block", "BadLine", "SHOW_BAD"]
 
 SHOW_BAD = 3                  # bad lines quoted in an error
+_LARGEST = 3e38               # a dense value must fit a float32
 
 
 @dataclass
@@ -132,23 +133,23 @@ def _fast(block: bytes, n: int, lay: Layout):
     for k in range(len(lay.dense)):
         col = tab.column(1 + k)
         x = col.fill_null(0.0).to_numpy(zero_copy_only=False) if col.null_count else col.to_numpy()
-        if not (np.abs(x) <= 3e38).all():               # also false for nan and inf
+        if not (np.abs(x) <= _LARGEST).all():           # also false for nan and inf
             raise _Slow("dense")
         dense[:, k] = np.log1p(np.maximum(x, 0)) if lay.dense_log else x
     keys = np.empty((n, len(lay.categorical)), np.uint64)
     for k, c in enumerate(lay.categorical):
         off, data = binary_buffers(tab.column(1 + len(lay.dense) + k).combine_chunks())
         if lay.keys == "hex":
-            raw, bad = hex_keys(off, data)
-            h = raw ^ column_key(k)
+            v, bad = hex_keys(off, data)
+            v ^= column_key(k)
         elif lay.keys == "raw":
-            raw, bad = decimal_keys(off, data)
-            bad |= raw >= np.uint64(lay.rows)
+            v, bad = decimal_keys(off, data)
+            bad |= v >= np.uint64(lay.rows)
         else:
-            raw, bad = None, None
+            v, bad = hash_keys(off, data, column_key(c)), None
         if bad is not None and bad.any():
             raise _Slow("categorical")
-        keys[:, k] = raw if lay.keys == "raw" else h if lay.keys == "hex" else hash_keys(off, data, column_key(c))
+        keys[:, k] = v
     if lay.keys == "hex":
         keys = splitmix64(keys)
     if lay.keys != "raw":
@@ -159,7 +160,7 @@ def _fast(block: bytes, n: int, lay: Layout):
 # -- the slow path: one line at a time, to name what is wrong --------------------------------------
 def _number(x: str):
     v = float(x)
-    if not math.isfinite(v) or abs(v) > 3e38:
+    if not math.isfinite(v) or abs(v) > _LARGEST:
         raise ValueError
     return v
 

@@ -47,23 +47,27 @@ def header_rule(d):
     return auto
 
 
-def _index_all(paths: list, rule, comm) -> list:
-    """Every file's index; the files are shared out over ``comm``'s ranks, and an error on one
-    rank is raised on all."""
-    size, rank = (comm.Get_size(), comm.Get_rank()) if comm is not None else (1, 0)
-    mine, error = {}, None
+def _everywhere(comm, work):
+    """``work()`` on this rank, its answer gathered from every rank of ``comm`` (a list in rank
+    order); a ``ValueError`` on any rank is raised on all. Collective over ``comm``, or local."""
+    answer, error = None, None
     try:
-        for i in range(rank, len(paths), size):
-            mine[i] = index_file(paths[i], rule)
+        answer = work()
     except ValueError as e:
         error = e
-    parts = comm.allgather((mine, error)) if comm is not None else [(mine, error)]
+    parts = comm.allgather((answer, error)) if comm is not None else [(answer, error)]
     errors = [e for _, e in parts if e]
     if errors:
         raise errors[0]
+    return [a for a, _ in parts]
+
+
+def _index_all(paths: list, rule, comm) -> list:
+    """Every file's index; the files are shared out over ``comm``'s ranks."""
+    size, rank = (comm.Get_size(), comm.Get_rank()) if comm is not None else (1, 0)
     found = {}
-    for m, _ in parts:
-        found.update(m)
+    for part in _everywhere(comm, lambda: {i: index_file(paths[i], rule) for i in range(rank, len(paths), size)}):
+        found.update(part)
     return [found[i] for i in range(len(paths))]
 
 
@@ -132,20 +136,15 @@ def delimited(d, seed: int, num_workers: int, worker: int, comm=None, reads: boo
     if stream:
         return StreamData(lay, train, evaluation, d.batch_size, num_workers, worker, seed, d.shuffle_buffer,
                           d.shuffle_files, d.skip_bad_lines, stats, d.stream_split)
-    arrays, error = None, None
-    if reads:
-        try:
+    arrays = None
+
+    def read():                            # a bad line is raised on every rank, not only where it was read
+        nonlocal arrays
+        if reads:
             arrays = (read_all(train, lay, PARSE_LINES, d.skip_bad_lines, stats),
                       read_all(evaluation, lay, PARSE_LINES, d.skip_bad_lines, stats))
-        except ValueError as e:            # a bad line: raised on every rank, not only where it was read
-            error = e
-    counts = [(arrays[0][2].shape[0] if arrays else -1, error)]
-    if comm is not None:
-        counts = comm.allgather(counts[0])
-    errors = [e for _, e in counts if e]
-    if errors:
-        raise errors[0]
-    n = max(c for c, _ in counts)
+        return arrays[0][2].shape[0] if arrays else -1
+    n = max(_everywhere(comm, read))
     if not reads:
         if n < d.batch_size:
             raise ValueError(f"the training data has {n} samples, fewer than data.batch_size = {d.batch_size}")
