@@ -35,7 +35,8 @@ def open_contexts() -> int:
 def init(num_ps: int | None = None, comm: MPI.Comm | None = None, *,
          transport: str | None = None, mode: str | None = None, wait: str | None = None,
          rma_read: str | None = None, world_size: int | None = None, progress_timeout: float | None = None,
-         ps_layout: str | None = None, abort_on_error: bool = True) -> "Context":
+         ps_layout: str | None = None, deterministic: bool | None = None,
+         abort_on_error: bool = True) -> "Context":
     """Split ranks into PS and worker groups. Collective over ``comm`` (default ``MPI.COMM_WORLD``).
 
     num_ps: number of PS ranks; default ``$HPCPS_NUM_PS``, else 1. An explicit
@@ -58,6 +59,10 @@ def init(num_ps: int | None = None, comm: MPI.Comm | None = None, *,
     ps_layout: which ranks become PS (``hpcps.core.layout.place_ps``): ``"spread"`` (round
         robin over nodes, highest local ranks first) or ``"last"`` (the highest world ranks:
         the last node(s) under block placement). Default ``$HPCPS_PS_LAYOUT``, else spread.
+    deterministic: sync mode only: the PS sums each step's pushes in worker order (every push
+        through the worker's slot in the PS's push mailbox; every table applied by the PS), so
+        two runs of one layout give the same bits. Default ``$HPCPS_DETERMINISTIC`` (0/1),
+        else False.
     world_size: when given, the world must have exactly this many ranks (default
         ``$HPCPS_WORLD_SIZE``, else not checked).
     abort_on_error: install a ``sys.excepthook`` that calls ``MPI_Abort`` so an
@@ -96,23 +101,29 @@ def init(num_ps: int | None = None, comm: MPI.Comm | None = None, *,
     ps_layout = ps_layout or os.environ.get("HPCPS_PS_LAYOUT", "spread")
     if ps_layout not in PS_LAYOUTS:
         raise ValueError(f"ps_layout (HPCPS_PS_LAYOUT) must be one of {PS_LAYOUTS}, got {ps_layout!r}")
-    seen = world.allgather((num_ps, transport, mode, ps_layout))
+    if deterministic is None:
+        deterministic = os.environ.get("HPCPS_DETERMINISTIC", "0") not in ("", "0", "false")
+    deterministic = bool(deterministic)
+    if deterministic and parse_mode(mode)[0] != "sync":
+        raise ValueError(f"deterministic needs mode 'sync' (the order of updates in {mode!r} depends on timing)")
+    seen = world.allgather((num_ps, transport, mode, ps_layout, deterministic))
     if len(set(seen)) != 1:
-        raise ValueError(f"ranks disagree on (num_ps, transport, mode, ps_layout): {sorted(set(seen))}")
+        raise ValueError(f"ranks disagree on (num_ps, transport, mode, ps_layout, deterministic): {sorted(set(seen))}")
     if abort_on_error:
         abort_on_uncaught(world)
-    return Context(world, num_ps, transport, mode, wait, rma_read, ps_layout)
+    return Context(world, num_ps, transport, mode, wait, rma_read, ps_layout, deterministic)
 
 
 class Context(Topology):
     """Communicators, roles, step protocol and shard locks of one hpcps job. Made by :func:`init`."""
 
     def __init__(self, world: MPI.Comm, num_ps: int, transport: str, mode: str = "async", wait: str = "auto",
-                 rma_read: str = "get_accumulate", ps_layout: str = "spread"):
+                 rma_read: str = "get_accumulate", ps_layout: str = "spread", deterministic: bool = False):
         global _open
         super().__init__(world, num_ps, transport, wait, ps_layout)
         _open += 1
         self.mode = mode
+        self.deterministic = deterministic
         self.rma_read = rma_read
         self._tables = []          # live tables, in creation order (frees are collective)
         self._served = False

@@ -26,10 +26,22 @@ def _final(stdout):
 
 
 def _close(a, b, tol=2e-5):
+    """Exports equal within float rounding: another number of workers groups the global batch's
+    gradient sums otherwise."""
     a, b = np.load(a), np.load(b)
     assert set(a.files) == set(b.files)
     worst = max(float(np.abs(a[k] - b[k]).max()) for k in a.files)
     assert worst < tol, worst
+
+
+def _same(a, b):
+    """Bit-equal exports: sync mode is deterministic (job.deterministic = auto), and a restart with
+    the same workers, whatever its PS count, placement or table batching, sums each row's gradients
+    in the same worker order."""
+    a, b = np.load(a), np.load(b)
+    assert set(a.files) == set(b.files)
+    for k in a.files:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +78,8 @@ def test_half_then_restart_equals_straight(tmp_path, straight, opt, first, secon
     f = _final(r.stdout)
     assert f["start_step"] == 15 and f["steps"] == 30 and f["num_ps"] == second[1]
     assert "resuming from" in r.stderr and "step-000000015" in r.stderr
-    _close(tmp_path / "w.npz", straight[opt])
+    # the straight run has 3 workers: bit-equal when the restart has them too, whatever the PS
+    (_same if second[0] - second[1] == 3 else _close)(tmp_path / "w.npz", straight[opt])
 
 
 def _start_and_wait_for_a_checkpoint(tmp_path, tag, every, delay):
@@ -79,22 +92,6 @@ def _start_and_wait_for_a_checkpoint(tmp_path, tag, every, delay):
     while time.time() < deadline and not store.list_checkpoints(ck):
         time.sleep(0.05)                                     # training is under way
     return argv, proc, ck
-
-
-@pytest.mark.parametrize("victim", ["worker", "ps"])
-def test_kill_9_then_same_command_equals_straight(tmp_path, straight, victim):
-    tag = f"kill-{victim}-{os.getpid()}"
-    argv, proc, ck = _start_and_wait_for_a_checkpoint(tmp_path, tag, every=3, delay=0.05)
-    time.sleep(random.uniform(0.0, 0.4))                     # a random step after the first checkpoint
-    pid = rank_pid(tag, 3 if victim == "ps" else 1)          # rank 3 is the PS of 4 ranks
-    assert pid, "rank not found"
-    os.kill(pid, signal.SIGKILL)
-    code, out, err = reap(proc)
-    assert code != 0 and not (tmp_path / "w.npz").exists()   # it really died before the end
-    r = run_mpi(4, argv, timeout=120)                        # the same command again
-    f = _final(r.stdout)
-    assert 0 < f["start_step"] < 30
-    _close(tmp_path / "w.npz", straight["adam"])
 
 
 def test_kill_9_during_checkpoint_writes_never_leaves_a_corrupt_checkpoint(tmp_path):
@@ -180,7 +177,7 @@ def test_stop_request_checkpoints_and_exits_85(tmp_path, straight, how):
     (ck / "STOP").unlink(missing_ok=True)
     r = run_mpi(4, argv, timeout=120)
     assert _final(r.stdout)["start_step"] == f["steps"]
-    _close(tmp_path / "w.npz", straight["adam"])
+    _same(tmp_path / "w.npz", straight["adam"])
 
 
 def test_ckpt_tools(tmp_path):

@@ -4,8 +4,10 @@ import os
 
 os.environ.setdefault("HDF5_USE_FILE_LOCKING", "FALSE")   # Lustre/NFS locking errors; must precede h5py
 
-from .coordinator import Checkpointer, restore_dense, restore_tables
+from .coordinator import Checkpointer, restore_dense, restore_tables, sharding_names
+from . import local
+from .levels import find_local
 from .store import list_checkpoints, newest_verified, read_manifest, resolve, verify
 
-__all__ = ["Checkpointer", "restore_tables", "restore_dense", "list_checkpoints", "newest_verified",
+__all__ = ["Checkpointer", "restore_tables", "restore_dense", "sharding_names", "find_local", "list_checkpoints", "newest_verified",
            "read_manifest", "resolve", "verify"]

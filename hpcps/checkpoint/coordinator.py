@@ -12,6 +12,11 @@ Protocol at a step boundary ``t`` (workers drive it, PS ranks follow from their 
    written; the next checkpoint first waits for that.
 
 No push is half inside a checkpoint: between 1 and 4 no worker pushes.
+
+A node-local checkpoint (``level="local"``: :mod:`hpcps.checkpoint.local`) runs the same cut; each
+PS writes its shard into its host's ``local_dir``, sends it to its partner PS on another host
+(:mod:`hpcps.checkpoint.partner`), and commits its part once its file and the partner copies it
+received are written; each host's first worker writes and commits the dense part.
 """
 
 import logging
@@ -29,20 +34,32 @@ from ..errors import HpcpsError
 from ..core.sharding import logical_tables
 from ..core.window import Window
 from . import store
+from . import local
+from .partner import Partners
 from .shards import Background, read_dense, read_rows, shard_applies, shard_file, write_dense, write_shard
 
-__all__ = ["Checkpointer", "restore_tables", "restore_dense"]
+__all__ = ["Checkpointer", "restore_tables", "restore_dense", "sharding_names"]
 
 logger = logging.getLogger(__name__)
-REQUEST, COPIED, WRITTEN, ERROR, KIND = 0, 1, 2, 3, 4      # control words; KIND: 0 full, 1 delta
+REQUEST, COPIED, WRITTEN, ERROR, KIND = 0, 1, 2, 3, 4      # control words; KIND: 0 full, 1 delta, 2 local
+LOCAL = 2
 
 
 class Checkpointer:
     """Checkpoint coordination for one job. Collective over the world (creates a window)."""
 
     def __init__(self, ctx, tables, root, keep: int, compression: str, meta: dict, full_every: int = 1,
-                 dir_mode: int = store.DIR_MODE, file_mode: int = store.FILE_MODE):
+                 dir_mode: int = store.DIR_MODE, file_mode: int = store.FILE_MODE, local_dir: str = "",
+                 local_keep: int = 2):
         self.ctx, self.tables, self.root = ctx, tables, Path(root)
+        self.local_dir, self.local_keep = (Path(local_dir) if local_dir else None), local_keep
+        node_workers = [r for r in sorted(ctx.node_ranks) if r in set(ctx.worker_world_ranks)]
+        self.holder = ctx.is_worker and ctx.rank == node_workers[0]    # writes this host's dense part
+        self.partners = Partners(ctx, file_mode) if ctx.is_ps and self.local_dir else None
+        self._level = "pfs"
+        self._partnering = False      # PS: its file is written, the partner copies travel
+        self._local_pending = None    # a host's first worker: the local step its dense part is being written for
+        self.local_committed = []     # worker 0: committed local steps
         self.dir_mode, self.file_mode = dir_mode, file_mode
         self.keep, self.compression, self.meta = keep, compression, meta
         self.full_every = max(1, int(full_every))   # 1: every checkpoint is full
@@ -93,12 +110,20 @@ class Checkpointer:
                 logger.error("checkpoint at step %d: writing %s failed: %s", self._handled,
                              shard_file(self.ctx.ps_rank), w.error)
                 self._put(me, ERROR, self._handled)
+            elif self._level == "local":
+                self.partners.send(self.ctx.ps_rank, w.args[0])
+                self._partnering = True
             else:
                 self._put(me, WRITTEN, self._handled)
+        if self._partnering and self.partners.progress():
+            self._partnering = False
+            self._commit_ps_part()
         req = self._get(me, REQUEST)
-        if req <= self._handled or self._writer is not None or self.ctx.control.step < req:
+        if req <= self._handled or self._writer is not None or self._partnering or self.ctx.control.step < req:
             return
-        delta = self._get(me, KIND) == 1
+        kind = self._get(me, KIND)
+        self._level = "local" if kind == LOCAL else "pfs"
+        delta = kind == 1
         snap = {}
         for t in self.tables:
             dirty = t.take_dirty() if t.track_dirty else None    # workers are paused: no new marks
@@ -106,35 +131,94 @@ class Checkpointer:
                             "optimizer": repr(t.optimizer)}
         self._handled = req
         self._put(me, COPIED, req)
-        path = store.tmp_dir(self.root, req) / shard_file(self.ctx.ps_rank)
+        if self._level == "local":
+            tmp = local.part_tmp(self.local_dir, req, me)
+            tmp.mkdir(mode=self.dir_mode, parents=True, exist_ok=True)
+            self.partners.start(req, tmp)
+            path = tmp / shard_file(self.ctx.ps_rank)
+        else:
+            path = store.tmp_dir(self.root, req) / shard_file(self.ctx.ps_rank)
         # its error, if any, is reported through the protocol (ERROR word) by the next poll
         self._writer = Background(write_shard, path, req, self.ctx.ps_rank, self.ctx.num_ps, snap,
                                self.compression, self.file_mode)
 
+    def _commit_ps_part(self) -> None:
+        """PS: its own shard and the partner copies are written: commit its local part, or report
+        the error."""
+        me, step = self.ctx.rank, self._handled
+        if self.partners.error is not None:
+            logger.error("local checkpoint at step %d: a partner copy failed: %s", step, self.partners.error)
+            self._put(me, ERROR, step)
+            return
+        shards = sorted([self.ctx.ps_rank, *self.partners.received])
+        try:
+            local.commit_part(self.local_dir, step, me, {**self._job_fields(step), "shards": shards, "dense": False},
+                              self.local_keep, self.file_mode)
+        except OSError as e:
+            logger.error("local checkpoint at step %d: committing failed: %s", step, e)
+            self._put(me, ERROR, step)
+            return
+        self._put(me, WRITTEN, step)
+
+    def _job_fields(self, step: int) -> dict:
+        """What every manifest says of the job: step, layout, tables, placement, versions."""
+        return {"step": step, "time": time.time(), "num_ps": self.ctx.num_ps, "num_workers": self.ctx.num_workers,
+                "checkpoint_dir": str(self.root.resolve()),
+                "tables": [{"name": t.name, "num_rows": t.num_rows, "dim": t.dim, "optimizer": repr(t.optimizer),
+                            **({"segments": [list(x) for x in t.segments]} if t.segments else {})}
+                           for t in self.tables],
+                "sharding": sharding_names(self.tables), "host": platform.node(), "versions": _versions()}
+
     # -------------------------------------------------------------- worker side
-    def checkpoint(self, step: int, model, optimizer, meta: dict | None = None) -> None:
+    def checkpoint(self, step: int, model, optimizer, meta: dict | None = None, level: str = "pfs") -> None:
         """Take the checkpoint of the state after ``step`` steps; ``meta`` (worker 0's) goes into its
-        manifest. Collective over the worker communicator."""
+        manifest. ``level``: ``"pfs"`` (``root``) or ``"local"`` (``local_dir`` on every host, PS
+        shards copied to partners). Collective over the worker communicator."""
         self.wait_commit()
-        self._step_meta = meta or {}
         t0 = time.perf_counter()
         self.ctx.fence(step)
-        ps_ranks = self.ctx.ps_world_ranks
+        local_level = level == "local"
         if self.is_lead:
-            tmp = store.tmp_dir(self.root, step)
-            if tmp.exists():
-                shutil.rmtree(tmp)
-            tmp.mkdir(mode=self.dir_mode, parents=True)
-            tmp.chmod(self.dir_mode)            # exactly the configured mode, whatever the umask
+            self._step_meta, self._level = meta or {}, level
             self._started[step] = time.perf_counter()
-            delta = self._since_full is not None and self._since_full + 1 < self.full_every
-            self._kind = "delta" if delta else "full"
-            for r in ps_ranks:
-                self._put(r, KIND, 1 if delta else 0)
+            if local_level:
+                self._kind = "local"
+            else:
+                tmp = store.tmp_dir(self.root, step)
+                if tmp.exists():
+                    shutil.rmtree(tmp)
+                tmp.mkdir(mode=self.dir_mode, parents=True)
+                tmp.chmod(self.dir_mode)            # exactly the configured mode, whatever the umask
+                delta = self._since_full is not None and self._since_full + 1 < self.full_every
+                self._kind = "delta" if delta else "full"
+            for r in self.ctx.ps_world_ranks:
+                self._put(r, KIND, LOCAL if local_level else {"delta": 1, "full": 0}[self._kind])
                 self._put(r, REQUEST, step)
         import torch
-        rngs = self.ctx.worker_comm.gather(torch.get_rng_state().numpy(), root=0)
-        for r in ps_ranks:
+        comm = self.ctx.worker_comm
+        rngs = comm.allgather(torch.get_rng_state().numpy()) if local_level else \
+            comm.gather(torch.get_rng_state().numpy(), root=0)
+        if local_level:
+            meta = comm.bcast(meta if self.is_lead else None, root=0)     # every host's part has it
+        self._wait_copied(step)
+        if self.is_lead or (local_level and self.holder):
+            dense = self._dense_state(model, optimizer, rngs, step)
+            if local_level:
+                tmp = local.part_tmp(self.local_dir, step, self.ctx.rank)
+                tmp.mkdir(mode=self.dir_mode, parents=True, exist_ok=True)
+                self._dense_writer = Background(write_dense, tmp / "dense.h5", step, *dense, self.file_mode)
+                self._local_pending, self._local_meta = step, meta or {}
+            else:
+                self._writer = Background(write_dense, store.tmp_dir(self.root, step) / "dense.h5", step, *dense,
+                                          self.file_mode)
+            if self.is_lead:
+                self._pending = step
+        self.stall_seconds.append(time.perf_counter() - t0)
+        comm.Barrier()
+
+    def _wait_copied(self, step: int) -> None:
+        """Until every PS copied its shards for the checkpoint at ``step``."""
+        for r in self.ctx.ps_world_ranks:
             misses, started = 0, time.monotonic()
             while self._get(r, COPIED) < step:
                 if self._get(r, ERROR) >= step:
@@ -142,37 +226,67 @@ class Checkpointer:
                 time.sleep(0.0005)      # not spinning: leave the cores to the PS ranks copying
                 misses += 1
                 overdue(started, misses, f"checkpoint at step {step}: PS world rank {r} has not copied its shards")
-        if self.is_lead:
-            model_state = {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
-            osd = optimizer.state_dict()
-            optim_state = {"state": {i: {k: (v.detach().cpu().numpy().copy() if torch.is_tensor(v) else v)
-                                         for k, v in st.items()} for i, st in osd["state"].items()},
-                           "param_groups": osd["param_groups"]}
-            extra = {"torch_rng": np.stack(rngs), "next_step": np.array(step),
-                     "worker_positions": np.full(self.ctx.num_workers, step, np.int64)}
-            path = store.tmp_dir(self.root, step) / "dense.h5"
-            self._writer = Background(write_dense, path, step, model_state, optim_state, extra, self.file_mode)
-            self._pending = step
-        self.stall_seconds.append(time.perf_counter() - t0)
-        self.ctx.worker_comm.Barrier()
+
+    def _dense_state(self, model, optimizer, rngs, step: int):
+        """``(model arrays, optimizer state, extra)`` of :func:`write_dense`: copies, taken now."""
+        import torch
+        model_state = {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
+        osd = optimizer.state_dict()
+        optim_state = {"state": {i: {k: (v.detach().cpu().numpy().copy() if torch.is_tensor(v) else v)
+                                     for k, v in st.items()} for i, st in osd["state"].items()},
+                       "param_groups": osd["param_groups"]}
+        extra = {"torch_rng": np.stack(rngs), "next_step": np.array(step),
+                 "worker_positions": np.full(self.ctx.num_workers, step, np.int64)}
+        return model_state, optim_state, extra
+
+    def _commit_dense_part(self, block: bool) -> bool:
+        """A host's first worker: commit its local dense part once written. Local."""
+        if self._local_pending is None:
+            return True
+        w = self._dense_writer
+        if w.is_alive():
+            if not block:
+                return False
+            w.join()
+        step, self._local_pending = self._local_pending, None
+        if w.error is not None:
+            raise HpcpsError(f"local checkpoint at step {step}: writing dense.h5 failed: {w.error}") from w.error
+        local.commit_part(self.local_dir, step, self.ctx.rank,
+                          {**self.meta, **self._local_meta, **self._job_fields(step), "shards": [], "dense": True},
+                          self.local_keep, self.file_mode)
+        return True
+
+    def _ps_done(self, step: int) -> bool:
+        """Worker 0: whether every PS wrote its file (and, local, its partner copies) for ``step``."""
+        done = True
+        for r in self.ctx.ps_world_ranks:
+            if self._get(r, ERROR) >= step:
+                raise HpcpsError(f"checkpoint at step {step}: PS world rank {r} could not write its "
+                                 f"file (see its log); the previous checkpoint is intact")
+            done = done and self._get(r, WRITTEN) >= step
+        return done
 
     def poll_commit(self, block: bool = False) -> bool:
-        """Worker 0: commit the checkpoint in flight once every file is written. Local."""
+        """Commit the checkpoint in flight once every file is written (worker 0; a host's first
+        worker commits its local part). Local."""
+        if not self._commit_dense_part(block):
+            return False
         if not self.is_lead or self._pending is None:
             return True
         step = self._pending
         while True:
             done = self._writer is None or not self._writer.is_alive()
-            for r in self.ctx.ps_world_ranks:
-                if self._get(r, ERROR) >= step:
-                    raise HpcpsError(f"checkpoint at step {step}: PS world rank {r} could not write its "
-                                     f"file (see its log); the previous checkpoint is intact")
-                done = done and self._get(r, WRITTEN) >= step
-            if done:
+            if self._ps_done(step) and done:
                 break
             if not block:
                 return False
             time.sleep(0.001)
+        if self._level == "local":
+            self._pending = None
+            self.local_committed.append(step)
+            self.timings.append({"step": step, "kind": "local", "bytes": None, "stall_s": self.stall_seconds[-1],
+                                 "write_s": time.perf_counter() - self._started.pop(step)})
+            return True
         if self._writer is not None and self._writer.error is not None:
             raise HpcpsError(f"checkpoint at step {step}: writing dense.h5 failed: {self._writer.error}; "
                              f"the previous checkpoint is intact") from self._writer.error
@@ -181,14 +295,7 @@ class Checkpointer:
         kind = self._kind
         link = {"kind": kind, "parent": self._last if kind == "delta" else None,
                 "base": self._base if kind == "delta" else name}
-        manifest = {**self.meta, **self._step_meta, **link, "step": step, "time": time.time(),
-                    "num_ps": self.ctx.num_ps, "num_workers": self.ctx.num_workers,
-                    "tables": [{"name": t.name, "num_rows": t.num_rows, "dim": t.dim,
-                                "optimizer": repr(t.optimizer),
-                                **({"segments": [list(x) for x in t.segments]} if t.segments else {})}
-                               for t in self.tables],
-                    "sharding": _sharding_names(self.tables), "host": platform.node(),
-                    "versions": _versions()}
+        manifest = {**self.meta, **self._step_meta, **link, **self._job_fields(step)}
         final = store.commit(self.root, step, manifest, self.keep, self.file_mode, prunable=self._prunable)
         self.committed.append(step)
         nbytes = sum(f["bytes"] for f in store.read_manifest(final)["files"].values())
@@ -211,7 +318,8 @@ class Checkpointer:
         return step in self.committed or (self.resumed_step is not None and step < self.resumed_step)
 
     def wait_commit(self) -> None:
-        """Worker 0 blocks until the checkpoint in flight is committed. Local."""
+        """Worker 0 (and a host's first worker, for its local part) blocks until the checkpoint in
+        flight is committed. Local."""
         self.poll_commit(block=True)
 
     def free(self) -> None:
@@ -219,7 +327,7 @@ class Checkpointer:
         self._win.free()
 
 
-def _sharding_names(tables):
+def sharding_names(tables):
     """The manifest's ``sharding``: one name when every table is placed alike, else name by table."""
     names = {t.name: t.sharding.name for t in tables}
     return next(iter(names.values())) if len(set(names.values())) == 1 else names
@@ -262,20 +370,23 @@ def _sources(path, specs: dict, t) -> list:
     return out
 
 
-def restore_tables(path, ctx, tables) -> int:
+def restore_tables(path, ctx, tables, own=None) -> int:
     """PS ranks: load this rank's rows (any old num_ps) into the tables, following an incremental
     checkpoint back to its full baseline. Returns the step. Local.
 
+    ``own``: the path of this PS's own shard file (a node-local checkpoint of the same PS count
+    and placement: the file holds exactly its rows); ``path`` then gives the manifest.
+
     A table-batched table (``segments``) restores from its logical tables stored apart, and a
     table from its segment of a table-batched one: rows are matched by name and row id."""
-    links = store.chain(path)
+    links = store.chain(path) if own is None else [Path(path)]
     man = store.read_manifest(path)
     specs = {t["name"]: t for t in man["tables"]}
     sources = {t.name: _sources(path, specs, t) for t in tables}      # every rank checks, then PS ranks load
     if ctx.is_ps:
         for t in tables:
             files = [[Path(link) / shard_file(p) for p in range(store.read_manifest(link)["num_ps"])]
-                     for link in links]
+                     for link in links] if own is None else [[Path(own)]]
             applies = max(shard_applies(f, name) for f in files for name, *_ in sources[t.name])
             for i, paths in enumerate(files):
                 filled = sum(t.restore(read_rows(paths, name, t.sharding, ctx.ps_rank, t.dim, t.state_names,

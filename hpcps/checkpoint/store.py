@@ -51,6 +51,15 @@ def sha256(path) -> str:
     return h.hexdigest()
 
 
+def sha256_bytes(data) -> str:
+    return hashlib.sha256(memoryview(data)).hexdigest()
+
+
+def dumps(obj) -> str:
+    """A manifest's text."""
+    return json.dumps(obj, indent=1, sort_keys=True) + "\n"
+
+
 def fsync_path(path) -> None:
     """fsync a file or a directory."""
     fd = os.open(path, os.O_RDONLY)

@@ -82,6 +82,18 @@ def validate(cfg: Config) -> None:
     _check(j.step_delay >= 0, "job.step_delay", j.step_delay, "must be >= 0")
     _check(j.world_size >= 0, "job.world_size", j.world_size, "must be >= 0 (0: not checked)")
     _check(j.ps_layout in PS_LAYOUTS, "job.ps_layout", j.ps_layout, f"must be one of {PS_LAYOUTS}")
+    c = cfg.checkpoint
+    _check(c.local_every >= 0, "checkpoint.local_every", c.local_every, "must be >= 0 (0: off)")
+    _check(c.local_keep >= 1, "checkpoint.local_keep", c.local_keep, "must be >= 1")
+    _check(not c.local_dir or c.dir, "checkpoint.local_dir", c.local_dir,
+           "needs checkpoint.dir too (the parallel filesystem level, and the job's lock)")
+    _check(not c.local_every or c.local_dir, "checkpoint.local_every", c.local_every, "needs checkpoint.local_dir")
+    _check(not c.local_dir or not c.dir or Path(c.local_dir).resolve() != Path(c.dir).resolve(),
+           "checkpoint.local_dir", c.local_dir, "must not be checkpoint.dir")
+    _check(str(j.deterministic).lower() in SWITCHES, "job.deterministic", j.deterministic, "must be auto, true or false")
+    _check(not (SWITCHES.get(str(j.deterministic).lower()) == "on" and not str(j.mode).startswith("sync")),
+           "job.deterministic", j.deterministic, f"needs job.mode = sync (the order of updates in {j.mode} depends "
+           f"on timing)")
     _check(j.progress_timeout >= 0, "job.progress_timeout", j.progress_timeout, "must be >= 0 (0: wait forever)")
     _check(j.steps >= 0 and j.epochs >= 0, "job.steps", j.steps, "steps and epochs must be >= 0")
     _check(j.log_every >= 1, "job.log_every", j.log_every, "must be >= 1")

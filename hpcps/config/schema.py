@@ -12,7 +12,8 @@ ENV_ALIASES = {"HPCPS_NUM_PS": "job.num_ps", "HPCPS_MODE": "job.mode", "HPCPS_TR
                "HPCPS_WAIT": "job.wait", "HPCPS_RMA_READ": "job.rma_read", "HPCPS_MPI_THREADS": "job.mpi_threads",
                "HPCPS_MALLOC_TUNE": "job.malloc_tune", "HPCPS_STEP_DELAY": "job.step_delay",
                "HPCPS_WORLD_SIZE": "job.world_size", "HPCPS_NCCL_HOST": "model.nccl_host",
-               "HPCPS_PROGRESS_TIMEOUT": "job.progress_timeout", "HPCPS_PS_LAYOUT": "job.ps_layout"}
+               "HPCPS_PROGRESS_TIMEOUT": "job.progress_timeout", "HPCPS_PS_LAYOUT": "job.ps_layout",
+               "HPCPS_DETERMINISTIC": "job.deterministic"}
 
 
 @dataclass
@@ -37,6 +38,7 @@ class JobConfig:
     world_size: int = 0         # when > 0, the MPI world must have exactly this many ranks
     progress_timeout: float = 600.0  # seconds a wait may see no progress before the job ends (0: never)
     ps_layout: str = "spread"   # which ranks are PS: spread (round robin over nodes) | last (highest ranks)
+    deterministic: str = "auto"  # sync: sum pushes in worker order, bit-equal reruns: auto (on in sync) | true | false
 
 
 @dataclass
@@ -131,6 +133,9 @@ class CheckpointConfig:
     full_every: int = 1         # a full checkpoint every K; the ones between hold only changed rows
     dir_mode: str = "0700"      # permissions of checkpoint directories (octal)
     file_mode: str = "0600"     # permissions of checkpoint files (octal)
+    local_dir: str = ""         # node-local level (/dev/shm/..., a local SSD) on every host ("" = off)
+    local_every: int = 0        # steps between node-local checkpoints (0: off)
+    local_keep: int = 2         # node-local checkpoints kept on each host
 
 
 @dataclass

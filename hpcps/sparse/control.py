@@ -198,6 +198,10 @@ class StepControl:
                 apply_staged(self.ctx, tables, self.step)
                 self._publish(self.step + 1)
                 return True
+            if self.ctx.deterministic:            # take pieces as they come: a worker may have more
+                for t in tables:
+                    if t.mailbox is not None:
+                        t.mailbox.collect()
             return False
         # async / ssp / final: apply whatever is staged. A staged push comes from a step at most
         # `bound` past the slowest worker's: stamp rows with that upper bound (row versions)

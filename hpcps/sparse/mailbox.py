@@ -13,8 +13,14 @@ A worker writes its slot again only once the PS took the last write. In sync mod
 protocol says so (a step begins after the apply of the step before, which drained the slot);
 otherwise the worker reads ``taken`` (one more round trip, repeated until it is). A push larger
 than the slot goes the locked way (:func:`hpcps.sparse.push.push_locked`).
+
+``ordered`` (deterministic sync mode): every worker has a slot, on the PS's node too, and every
+push goes through it (in slot-sized pieces when larger: :meth:`Mailbox.send`); the PS collects
+the slots while the step runs (:meth:`Mailbox.collect`) and hands them out in worker order, so
+the sum of a row's gradients is formed in the same order whatever order they arrived in.
 """
 
+import os
 import time
 
 import numpy as np
@@ -25,7 +31,8 @@ from ..core.window import Window
 
 __all__ = ["Mailbox", "MAILBOX_BYTES", "MIN_SLOT_ROWS"]
 
-MAILBOX_BYTES = 64 << 20    # per table and PS: every slot together at most this (the slot shrinks)
+MAILBOX_BYTES = 64 << 20    # per table and PS: every slot together at most this (the slot shrinks);
+                            # $HPCPS_MAILBOX_BYTES overrides it (tests: pieces of ordered pushes)
 MIN_SLOT_ROWS = 256         # a slot of fewer rows than this (and than the shard) is not made
 _HEAD = 32
 
@@ -36,17 +43,20 @@ class Mailbox:
     ``shard_rows[p]``: rows of PS ``p``'s shard; ``dtype``: ``"float32"`` or the 16-bit
     ``push_dtype`` (then gradients travel as their bit patterns)."""
 
-    def __init__(self, ctx, shard_rows, dim: int, dtype: str, what: str):
-        self.ctx, self.dim, self.dtype = ctx, dim, dtype
+    def __init__(self, ctx, shard_rows, dim: int, dtype: str, what: str, ordered: bool = False):
+        self.ctx, self.dim, self.dtype, self.ordered = ctx, dim, dtype, ordered
         self.esize = 4 if dtype == "float32" else 2
         node = ctx.node_of_rank
         row_bytes = 8 + dim * self.esize
+        budget = int(os.environ.get("HPCPS_MAILBOX_BYTES", MAILBOX_BYTES))
         self.caps, self.slots = [], []          # per PS: rows per slot; {worker: slot}
         for p, prank in enumerate(ctx.ps_world_ranks):
             far = [w for w, r in enumerate(ctx.worker_world_ranks)
-                   if ctx.transport == "rma" or node[r] != node[prank]]
-            cap = min(int(shard_rows[p]), MAILBOX_BYTES // max(len(far) * row_bytes, 1)) if far else 0
-            if cap < min(MIN_SLOT_ROWS, int(shard_rows[p])):
+                   if ordered or ctx.transport == "rma" or node[r] != node[prank]]
+            cap = min(int(shard_rows[p]), budget // max(len(far) * row_bytes, 1)) if far else 0
+            if ordered and far and shard_rows[p]:
+                cap = max(cap, 1)
+            elif cap < min(MIN_SLOT_ROWS, int(shard_rows[p])):
                 cap, far = 0, []
             self.caps.append(cap)
             self.slots.append({w: i for i, w in enumerate(far)})
@@ -58,6 +68,7 @@ class Mailbox:
         self._taken = [0] * ctx.num_ps          # worker: the last write each PS is known to have taken
         self._step = [-1] * ctx.num_ps
         self._word = np.empty(1, np.int64)
+        self._held = []                         # PS, ordered: (slot, rows, grads) collected this step
         if nbytes:
             self.window.local(np.int64)[:] = 0
             self.window.sync()
@@ -108,6 +119,14 @@ class Mailbox:
         win.Put([self._grads, mpit], rank, (base + _HEAD + 8 * self.caps[p], k * self.dim, mpit))
         win.Put([self._k, MPI.INT64_T], rank, (base + 8, 1, MPI.INT64_T))
 
+    def send(self, p: int, rank: int, rows: np.ndarray, grads: np.ndarray) -> None:
+        """Worker, ``ordered`` mailbox: the whole push to PS ``p`` through this worker's slot there,
+        in pieces of the slot's size (each waits until the PS took the one before). Local."""
+        cap = self.caps[p]
+        for start in range(0, max(rows.size, 1), cap):
+            self.write(p, rank, rows[start:start + cap], grads[start:start + cap])
+            self.post(p, rank)
+
     def post(self, p: int, rank: int) -> None:
         """Worker, after :meth:`write` to PS ``p``: complete it, then raise the slot's sequence
         number, complete on return. Local (one-sided)."""
@@ -127,16 +146,31 @@ class Mailbox:
         return mem.reshape(len(self.slots[me]), self.slot_bytes[me] // 8)
 
     def ready(self) -> bool:
-        """PS: whether a slot holds a write not taken yet. Local."""
+        """PS: whether a slot holds a write not taken yet (or, ``ordered``, one was collected). Local."""
         heads = self._heads()
         if heads is None:
             return False
+        if self._held:
+            return True
         self.window.sync()
         return bool((heads[:, 0] > heads[:, 2]).any())
 
+    def collect(self) -> None:
+        """PS, ``ordered``: take the writes waiting in the slots now (a worker's next piece may
+        follow) and keep them for :meth:`drain`. Local."""
+        if self.ordered:
+            self._held += self._take()
+
     def drain(self):
         """PS holding its own shard lock: ``[(rows, grads as stored), ...]`` of every slot written
-        since it was last taken, in worker order, each marked taken. Local."""
+        since it was last taken (and, ``ordered``, every write collected), in worker order, each
+        worker's writes in the order it made them; each marked taken. Local."""
+        got, self._held = self._held + self._take(), []
+        got.sort(key=lambda x: x[0])            # stable: a worker's pieces stay in their order
+        return [(rows, grads) for _, rows, grads in got]
+
+    def _take(self):
+        """``[(slot, rows, grads)]`` of the slots written since last taken, each marked taken."""
         heads = self._heads()
         if heads is None:
             return []
@@ -148,7 +182,7 @@ class Mailbox:
             k = int(slot[1])
             rows = slot[4:4 + k].copy()
             raw = slot[4 + cap:].view(np.float32 if self.esize == 4 else np.uint16)[:k * dim].reshape(k, dim).copy()
-            out.append((rows, raw))
+            out.append((s, rows, raw))
             slot[2] = slot[0]
         self.window.sync()
         return out

@@ -13,6 +13,10 @@ PS, it takes that PS's shard lock once for every table and writes each part
 - PS on another node otherwise: one ``MPI_Accumulate(SUM)`` with an indexed
   datatype of the summed gradients (duplicates summed first, so no two targets
   overlap), under the lock.
+
+Deterministic sync mode (``hpcps.init(deterministic=True)``): every table is stateful and every
+part goes through this worker's mailbox slot at its PS, same node or not (no lock), so the PS sums
+the workers' gradients in worker order.
 """
 
 import time
@@ -91,7 +95,11 @@ def _mail(p: int, rank: int, parts):
     for table, part in parts:
         rows_p, g_p, uniq, buf, _ = part
         box = table.mailbox
-        if box is not None and buf is not None and table.staging.views[p] is None and box.fits(p, uniq.size):
+        if box is not None and box.ordered:         # deterministic: every part, whole, in pieces
+            box.send(p, rank, uniq, buf)
+            table.stats.rows_per_ps[p] += rows_p.size
+            table.stats.bytes_per_ps[p] += buf.nbytes
+        elif box is not None and buf is not None and table.staging.views[p] is None and box.fits(p, uniq.size):
             box.write(p, rank, uniq, buf)
             table.stats.rows_per_ps[p] += rows_p.size
             table.stats.bytes_per_ps[p] += buf.nbytes
@@ -138,7 +146,8 @@ def _prepare(table, p: int, rows_p: np.ndarray, g_p: np.ndarray, distinct: bool 
                          f"overflows float32: the rows would become inf; the learning rate is too large")
     # ids already unique and sorted (what ShardedEmbeddingBag pushes) skip the sort
     distinct = distinct or bool(np.all(rows_p[1:] > rows_p[:-1]))
-    shared = (table.staging.views if table.stateful else table.row_views)[p] is not None
+    shared = (table.staging.views if table.stateful else table.row_views)[p] is not None \
+        and not table.ctx.deterministic
     if table.push_dtype != "float32":        # stateful: each row's summed gradient, rounded
         uniq, sums = (rows_p, g_p) if distinct else sum_rows(table.dim, rows_p, g_p, alpha)
         half = narrow(sums, table.push_dtype)

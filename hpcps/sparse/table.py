@@ -133,7 +133,9 @@ class EmbeddingTable:
         self.stats = TableStats(rows_per_ps=[0] * ctx.num_ps, bytes_per_ps=[0] * ctx.num_ps)
         # a 16-bit copy is kept current by the PS, and 16-bit pushes are widened by it, so with
         # either the PS applies every update (even plain SGD)
-        self.stateful = optimizer.stateful or pull_dtype != "float32" or push_dtype != "float32"
+        # deterministic sync mode: the PS applies every update, summing workers' pushes in worker order
+        self.stateful = (optimizer.stateful or pull_dtype != "float32" or push_dtype != "float32"
+                         or ctx.deterministic)
         self._allocate()
         if ctx.is_worker or self.stateful:      # torch does the adds: import it now, not mid-training
             torch_module()
@@ -150,10 +152,11 @@ class EmbeddingTable:
         self.rows = Window(ctx.world, local_rows * self.dim * 4, what=what)
         self.rowtype = MPI.FLOAT.Create_contiguous(self.dim).Commit()
         self.row_views = [None] * ctx.num_ps    # worker: each PS's rows on this node
-        self.staging = Staging(ctx, local_rows, self.dim, what, slab=self.push_dtype == "float32") \
-            if self.stateful else None
+        ordered = ctx.deterministic             # every push through the mailbox: no staging rows
+        self.staging = Staging(ctx, 0 if ordered else local_rows, self.dim, what,
+                               slab=self.push_dtype == "float32" and not ordered) if self.stateful else None
         self.mailbox = Mailbox(ctx, [self.sharding.shard_rows(p) for p in range(ctx.num_ps)], self.dim,
-                               self.push_dtype, what) if self.stateful else None
+                               self.push_dtype, what, ordered) if self.stateful else None
         self.dirty = DirtyRows(ctx, local_rows, what) if self.track_dirty else None
         self.row_versions = RowVersions(ctx, local_rows, what) if self.track_versions else None
         self.half = HalfCopy(ctx, local_rows, self.dim, self.pull_dtype, what) \
@@ -195,7 +198,7 @@ class EmbeddingTable:
             self.dirty.map(mapped, [-(-n // 8) * 8 for n in rows])
         if self.row_versions is not None:
             self.row_versions.map(mapped, rows)
-        if self.staging is not None:
+        if self.staging is not None and not ctx.deterministic:
             self.staging.map(near, [n * self.dim for n in rows])
 
     # ------------------------------------------------------------ helpers

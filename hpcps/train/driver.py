@@ -23,7 +23,7 @@ from ..stopping import StopRequest
 from .best import stopped_early
 from .build import make_tables, pipeline_switches, total_steps
 from .layout import backend_name, gather_layout, layout_line
-from .recovery import find_resume, open_checkpointer, record_start
+from .recovery import open_checkpointer, pick_level, record_start
 from .telemetry import peak_rss
 from .worker import Worker
 
@@ -50,7 +50,7 @@ def train(cfg: Config) -> dict | None:
                          f"(each worker takes a slice of the global batch): use at least {workers}")
     with init(num_ps=j.num_ps, transport=j.transport, mode=j.mode, wait=j.wait, rma_read=j.rma_read,
               world_size=j.world_size or None, progress_timeout=j.progress_timeout,
-              ps_layout=j.ps_layout) as ctx:
+              ps_layout=j.ps_layout, deterministic=deterministic(j)) as ctx:
         # torch's default (every CPU, per rank) oversubscribes a node that runs several ranks. A PS
         # applies scattered rows a step at a time: one thread (more spun idle OpenMP threads on a
         # busy node: across pretend hosts sharing CPUs, the PS's adds took 3x as long)
@@ -66,14 +66,16 @@ def train(cfg: Config) -> dict | None:
             ctx.add_service_hook(lambda: stop.flag and ctx.control.note_stop())
         ckpt = open_checkpointer(cfg, ctx, tables)
         record_start(cfg, world)
-        resume_from = find_resume(cfg, world)
-        start, t_restore = 0, time.perf_counter()
+        t_restore = time.perf_counter()
+        resume_from, own, level = pick_level(cfg, ctx, tables)
+        start = 0
         if resume_from is not None:
-            start = ckpt_mod.restore_tables(resume_from, ctx, tables)
+            start = ckpt_mod.restore_tables(resume_from, ctx, tables, own)
             if ckpt is not None:
                 ckpt.resumed_step = start
             if world.Get_rank() == 0:
-                logger.warning("hpcps: resuming from %s (step %d)", resume_from, start)
+                logger.warning("hpcps: resuming from %s (step %d, %s level)", resume_from, start,
+                               "node-local" if level == "local" else "filesystem")
             manifest = ckpt_mod.read_manifest(resume_from)
             if hasattr(data, "resume"):                # a streamed epoch goes on where it stopped
                 data.resume(manifest.get("data_plan"), start)
@@ -98,6 +100,7 @@ def train(cfg: Config) -> dict | None:
                 summary, log = worker.run()
             if summary is not None:
                 summary["restore_s"] = restore_s
+                summary["restored_from"] = level
                 summary["layout"] = layout
         first_worker = ctx.worker_world_ranks[0]
         is_ps = ctx.is_ps
@@ -112,6 +115,11 @@ def train(cfg: Config) -> dict | None:
         log.write({"final": summary})
         log.close()
     return world.bcast(summary, root=first_worker)
+
+
+def deterministic(j) -> bool:
+    """``job.deterministic`` as a bool: ``auto`` is on in sync mode. Local."""
+    return resolve_switch(j.deterministic, j.mode == "sync")
 
 
 def _loader(cfg, ctx, data, start: int, steps: int, tables) -> BatchAhead | None:

@@ -16,7 +16,7 @@ from ..checkpoint.lock import DirLock
 from ..config import Config, parse_permissions
 from ..core.wait import wait_request
 
-__all__ = ["open_checkpointer", "find_resume", "CheckpointTrigger", "record_start"]
+__all__ = ["open_checkpointer", "find_resume", "pick_level", "CheckpointTrigger", "record_start"]
 
 logger = logging.getLogger(__name__)
 
@@ -44,14 +44,26 @@ def open_checkpointer(cfg: Config, ctx, tables):
     failed = ctx.world.bcast(failed, root=0)          # every rank stops alike, before training
     if failed is not None:
         raise ValueError(str(failed))
+    if c.local_dir:                                   # every host's first rank makes its local directory
+        local_failed = None
+        if ctx.node_comm.Get_rank() == 0:
+            try:
+                Path(c.local_dir).mkdir(mode=dir_mode, parents=True, exist_ok=True)
+                _check_writable(Path(c.local_dir), "checkpoint.local_dir")
+            except OSError as e:
+                local_failed = f"{e} (host {ctx.rank})"
+        local_failed = [f for f in ctx.world.allgather(local_failed) if f]
+        if local_failed:
+            raise ValueError(local_failed[0])
     ckpt = ckpt_mod.Checkpointer(ctx, tables, c.dir, c.keep, c.compression, {"config": cfg.to_dict()},
-                                 full_every=c.full_every, dir_mode=dir_mode, file_mode=file_mode)
+                                 full_every=c.full_every, dir_mode=dir_mode, file_mode=file_mode,
+                                 local_dir=c.local_dir, local_keep=c.local_keep)
     ckpt.lock = lock
     ctx.add_resource(ckpt)
     return ckpt
 
 
-def _check_writable(root: Path) -> None:
+def _check_writable(root: Path, key: str = "checkpoint.dir") -> None:
     """Raise ``OSError`` naming ``root`` unless a file can be made there: before training, not at the
     first checkpoint."""
     probe = root / f".hpcps-write-test-{os.getpid()}"
@@ -59,7 +71,7 @@ def _check_writable(root: Path) -> None:
         probe.touch()
         probe.unlink()
     except OSError as e:
-        raise OSError(e.errno, f"checkpoint.dir {root} is not writable ({e.strerror}): checkpoints could not be "
+        raise OSError(e.errno, f"{key} {root} is not writable ({e.strerror}): checkpoints could not be "
                                f"saved") from None
 
 
@@ -79,6 +91,50 @@ def find_resume(cfg: Config, world: MPI.Comm):
     if isinstance(found, ValueError):
         raise found
     return found
+
+
+def pick_level(cfg: Config, ctx, tables):
+    """The checkpoint a restart loads: ``(path, own shard file or None, level)`` (level ``"local"``,
+    ``"pfs"`` or None: a fresh start). The node-local level (``checkpoint.local_dir``, rebuilt from
+    partner copies where a host lost its files) when its newest complete step is at least the
+    filesystem's; the filesystem's checkpoints are verified only when one is newer. Collective
+    over the world."""
+    c, world = cfg.checkpoint, ctx.world
+    found = None
+    if c.local_dir and c.resume == "auto":
+        found = ckpt_mod.find_local(ctx, c.local_dir, c.dir, ckpt_mod.sharding_names(tables), c.local_keep,
+                                    parse_permissions(c.file_mode, "checkpoint.file_mode"))
+    if found is None:
+        pfs = find_resume(cfg, world)
+        _drop_local_after(cfg, ctx, int(ckpt_mod.read_manifest(pfs)["step"]) if pfs is not None else 0)
+        return pfs, None, "pfs" if pfs is not None else None
+    newer = world.bcast(any(int(p.name.split("-")[1]) > found.step for p in ckpt_mod.list_checkpoints(c.dir))
+                        if world.Get_rank() == 0 else None, root=0)
+    pfs = None
+    if newer:
+        try:
+            pfs = find_resume(cfg, world)
+        except ValueError as e:            # every newer one broken: the local level is good
+            if world.Get_rank() == 0:
+                logger.warning("hpcps: %s", e)
+    if pfs is not None and int(ckpt_mod.read_manifest(pfs)["step"]) > found.step:
+        _drop_local_after(cfg, ctx, int(ckpt_mod.read_manifest(pfs)["step"]))
+        return pfs, None, "pfs"
+    _drop_local_after(cfg, ctx, found.step)
+    if world.Get_rank() == 0 and found.rebuilt:
+        logger.warning("hpcps: local checkpoint step %d: %d file(s) copied from other hosts (partner copies)",
+                       found.step, found.rebuilt)
+    return found.path, found.own, "local"
+
+
+def _drop_local_after(cfg: Config, ctx, step: int) -> None:
+    """Each host's first rank: the job goes on from ``step``; its node-local parts of later steps
+    are of an abandoned run (their pruning would count them). Local; the ranks of a host wait for it."""
+    c = cfg.checkpoint
+    if c.local_dir:
+        if ctx.node_comm.Get_rank() == 0:
+            ckpt_mod.local.drop_after(c.local_dir, step, str(Path(c.dir).resolve()))
+        ctx.node_comm.Barrier()
 
 
 def _record_stop(root: Path, step: int) -> None:
@@ -162,6 +218,8 @@ class CheckpointTrigger:
         flags = self._agree(self.lead and c.every_seconds > 0 and time.time() - self.last_time >= c.every_seconds)
         if (due or flags.any()) and not taken:
             self.save(step + 1, model, opt, log)
+        elif c.local_every and (step + 1) % c.local_every == 0 and not taken:
+            self.save(step + 1, model, opt, log, level="local")
         if flags[0]:
             self.stopped = True
             ckpt.wait_commit()
@@ -169,12 +227,14 @@ class CheckpointTrigger:
                 _record_stop(Path(c.dir), step + 1)
         return self.stopped
 
-    def save(self, step: int, model, opt, log=None) -> None:
-        """The checkpoint after ``step`` steps, now. Collective over the worker communicator."""
-        self.ckpt.checkpoint(step, model, opt, self.meta(step))
-        self.last_time, self.last_step = time.time(), step
+    def save(self, step: int, model, opt, log=None, level: str = "pfs") -> None:
+        """The checkpoint after ``step`` steps, now (``level``: ``pfs`` or ``local``). Collective over
+        the worker communicator."""
+        self.ckpt.checkpoint(step, model, opt, self.meta(step), level)
+        if level == "pfs":
+            self.last_time, self.last_step = time.time(), step
         if log is not None:
-            log.write({"checkpoint": step, "stall_s": self.ckpt.stall_seconds[-1]})
+            log.write({"checkpoint": step, "level": level, "stall_s": self.ckpt.stall_seconds[-1]})
 
     def finish(self, steps: int, start: int, model, opt) -> None:
         """At the end of training: the final checkpoint (unless a stop request took one, or the job
@@ -198,5 +258,6 @@ class CheckpointTrigger:
         """The final summary's checkpoint fields (worker 0). Local."""
         ckpt = self.ckpt
         return {"checkpoints": ckpt.committed if ckpt is not None else [],
+                "local_checkpoints": ckpt.local_committed if ckpt is not None else [],
                 "checkpoint_timings": ckpt.timings if ckpt is not None else [],
                 "checkpoint_stall_s": max(ckpt.stall_seconds) if ckpt is not None and ckpt.stall_seconds else 0.0}

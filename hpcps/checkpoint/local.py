@@ -1,0 +1,139 @@
+"""The node-local level of checkpoints (as in SCR and VeloC): each writer's part on its host.
+
+    <checkpoint.local_dir>/                 on every host (node-local: /dev/shm, a local SSD)
+        step-000000010.r00003/              world rank 3's part of checkpoint 10, committed
+            manifest.json                   step, num_ps, num_workers, tables, files (SHA-256),
+                                            "shards": the PS indices of its ps-*.h5 files,
+                                            "dense": whether it holds dense.h5; a worker's part
+                                            also has the job's manifest fields (config, data plan)
+            ps-00000.h5                     a PS's own shard, and the partner copies it received
+            dense.h5                        a host's first worker: the dense state (the same on
+                                            every worker)
+        step-000000010.r00003.tmp/          being written (ignored, removed later)
+
+Each part is committed as a checkpoint is (files hashed by their writer, a manifest, fsync, one
+``rename``), by its writer alone: no rank waits for another host's disk. A restart gathers every
+host's committed parts and takes the newest step that has every PS shard somewhere and a dense
+part (:mod:`hpcps.checkpoint.levels`). No MPI here: every function is local.
+"""
+
+import contextlib
+import os
+import re
+import shutil
+from pathlib import Path
+
+from . import store
+
+__all__ = ["part_dir", "part_tmp", "free_copy", "commit_part", "scan", "prune", "drop_after", "write_bytes"]
+
+_PART = re.compile(r"^step-(\d{9,})\.r(\d+)(-\d+)?$")
+
+
+def part_dir(root, step: int, rank: int, copy: int = 0) -> Path:
+    """A part's directory; ``copy`` > 0: a part a restart rebuilt from other hosts' files."""
+    return Path(root) / f"step-{step:09d}.r{rank:05d}{f'-{copy}' if copy else ''}"
+
+
+def part_tmp(root, step: int, rank: int, copy: int = 0) -> Path:
+    return part_dir(root, step, rank, copy).with_name(part_dir(root, step, rank, copy).name + ".tmp")
+
+
+def free_copy(root, step: int, rank: int) -> int:
+    """The first ``copy`` number whose part (and its ``.tmp``) does not exist yet. Local."""
+    k = 1
+    while part_dir(root, step, rank, k).exists() or part_tmp(root, step, rank, k).exists():
+        k += 1
+    return k
+
+
+def write_bytes(path, data, digest: str, file_mode: int = store.FILE_MODE) -> None:
+    """A received file: ``data`` to ``path`` (fsynced), and its SHA-256 ``digest`` (the sender's)
+    beside it for the commit; raises ``OSError`` when the bytes do not hash to it. Local."""
+    if store.sha256_bytes(data) != digest:
+        raise OSError(f"{path}: the bytes received do not match the sender's SHA-256")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, file_mode)
+    with os.fdopen(fd, "wb") as f:
+        f.write(memoryview(data))
+        f.flush()
+        os.fsync(f.fileno())
+    Path(f"{path}.sha256").write_text(digest)
+
+
+def commit_part(root, step: int, rank: int, manifest: dict, keep: int, file_mode: int = store.FILE_MODE,
+                copy: int = 0) -> Path:
+    """Commit world rank ``rank``'s part of checkpoint ``step`` (its files in :func:`part_tmp`), then
+    prune this host's parts to the newest ``keep`` steps. Local."""
+    tmp, final = part_tmp(root, step, rank, copy), part_dir(root, step, rank, copy)
+    files = {}
+    for f in sorted(tmp.iterdir()):
+        if f.name == store.MANIFEST or f.name.endswith(".sha256"):
+            continue
+        side = f.with_name(f.name + ".sha256")
+        digest = side.read_text().strip() if side.exists() else store.sha256(f)
+        side.unlink(missing_ok=True)
+        files[f.name] = {"bytes": f.stat().st_size, "sha256": digest}
+    store.write_new(tmp / store.MANIFEST, store.dumps({**manifest, "files": files, "level": "local"}), file_mode)
+    store.fsync_path(tmp)
+    if final.exists():                      # a part rebuilt at the same step and rank: the new one wins
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    store.fsync_path(root)
+    prune(root, keep, manifest.get("checkpoint_dir"))
+    return final
+
+
+def scan(root, check: bool = True) -> list[dict]:
+    """This host's committed parts, oldest first: ``{"path", "step", "rank", "manifest", "ok",
+    "why"}`` (``check``: each verified against its checksums; else ``ok`` is True when its manifest
+    reads). Local."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    out = []
+    for p in root.iterdir():
+        m = _PART.match(p.name)
+        if not m or not p.is_dir():
+            continue
+        ok, why = store.verify(p) if check else (True, "ok")
+        try:
+            man = store.read_manifest(p)
+        except (OSError, ValueError) as e:
+            man, ok, why = {}, False, f"{p.name}: manifest unreadable ({e})"
+        out.append({"path": p, "step": int(m.group(1)), "rank": int(m.group(2)), "manifest": man,
+                    "ok": ok, "why": why})
+    return sorted(out, key=lambda x: (x["step"], x["rank"]))
+
+
+def _remove(path: Path) -> None:
+    """Rename out of the part namespace first: a kill mid-delete leaves a ``.del``, never half a part."""
+    gone = path.with_name(path.name + ".del")
+    with contextlib.suppress(OSError):
+        os.rename(path, gone)
+        shutil.rmtree(gone, ignore_errors=True)
+
+
+def drop_after(root, step: int, job_dir) -> None:
+    """A job of ``checkpoint.dir`` ``job_dir`` goes on from ``step``: remove this host's parts of
+    its later steps (written before a failure, they belong to a run that is abandoned). Local."""
+    for p in scan(root, check=False):
+        if p["step"] > step and p["manifest"].get("checkpoint_dir") == job_dir:
+            _remove(p["path"])
+
+
+def prune(root, keep: int, job_dir=None) -> None:
+    """Keep this host's parts of the newest ``keep`` steps (0: all) of the job whose
+    ``checkpoint.dir`` is ``job_dir``; remove its older parts and the unfinished parts of older
+    steps (a kill mid-write). Local."""
+    parts = [p for p in scan(root, check=False) if job_dir is None or p["manifest"].get("checkpoint_dir") == job_dir]
+    steps = sorted({p["step"] for p in parts})
+    if keep <= 0 or not steps:
+        return
+    oldest_kept = steps[-keep] if len(steps) >= keep else steps[0]
+    for p in parts:
+        if p["step"] < oldest_kept:
+            _remove(p["path"])
+    for stale in [*Path(root).glob("step-*.r*.tmp"), *Path(root).glob("step-*.r*.del")]:
+        m = re.match(r"^step-(\d{9,})\.", stale.name)
+        if m and int(m.group(1)) < oldest_kept:
+            shutil.rmtree(stale, ignore_errors=True)

@@ -1,0 +1,116 @@
+"""Deterministic sync mode under a real mpiexec: reruns and restarts give the same bits."""
+
+import json
+import os
+import random
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from hpcps.checkpoint import store
+from mpirun import ROOT, launch_mpi, rank_pid, reap, run_mpi
+
+TINY = ROOT / "tests" / "configs" / "tiny_ctr.toml"
+MAIN = ROOT / "examples" / "ctr.toml"
+# the main job, short: 60 steps, a checkpoint every 10
+MAIN_SETS = ["job.steps=60", "job.eval_every=0", "checkpoint.every_steps=10"]
+
+
+def _final(stdout):
+    return [json.loads(l) for l in stdout.splitlines() if l.startswith('{"final"')][-1]["final"]
+
+
+def _train(n, config, sets, env=None, **kw):
+    return run_mpi(n, ["-m", "hpcps", "train", "--config", config, "--set", *sets], env=env, timeout=240, **kw)
+
+
+def _assert_bit_equal(a, b):
+    a, b = np.load(a), np.load(b)
+    assert set(a.files) == set(b.files) and len(a.files) > 4
+    for k in a.files:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+def _metrics(path):
+    """The per-step metrics records without their timings."""
+    timing = {"time", "elapsed_s", "samples_per_s", "step_s", "wait_s", "push_s", "pull_s"}
+    out = []
+    for line in path.read_text().splitlines():
+        rec = json.loads(line)
+        if "step" not in rec:                     # the final record: compared through its metrics
+            continue
+        out.append({k: v for k, v in rec.items() if k not in timing and not k.endswith(("_s", "_ms", "_seconds"))})
+    return out
+
+
+@pytest.mark.parametrize("case", [
+    # one PS over RMA: Adam, 16-bit pulls and pushes, prefetch on the communication thread; the
+    # second run's push mailbox so small that every push travels in pieces of 16 rows
+    dict(n=4, sets=["job.num_ps=1", "job.transport=rma", "optimizer.sparse.name=adam", "optimizer.sparse.lr=0.05",
+                    "pipeline.pull_dtype=bfloat16", "pipeline.push_dtype=bfloat16", "pipeline.prefetch=on",
+                    "pipeline.background_push=on", "job.mpi_threads=multiple"],
+         second={"HPCPS_MAILBOX_BYTES": str(16 * 3 * (8 + 4 * 2))}),
+    # two PS on this node (shared memory), plain SGD (applied by the PS in this mode), a table per
+    # feature, the batch loader
+    dict(n=5, sets=["job.num_ps=2", "optimizer.sparse.name=sgd", "optimizer.sparse.lr=0.3",
+                    "model.fuse_tables=false", "pipeline.loader=on"], second={}),
+], ids=["rma-adam-16bit-prefetch-pieces", "shm-2ps-sgd-unfused-loader"])
+def test_two_runs_are_bit_equal(tmp_path, case):
+    finals = []
+    for run, env in (("a", {}), ("b", case["second"])):
+        sets = case["sets"] + ["job.steps=25", f"job.export={tmp_path / run}.npz", "job.eval_every=10",
+                               f"metrics.path={tmp_path / run}.jsonl", "job.log_every=5"]
+        finals.append(_final(_train(case["n"], TINY, sets, env=env).stdout))
+    _assert_bit_equal(tmp_path / "a.npz", tmp_path / "b.npz")
+    assert finals[0]["auc"] == finals[1]["auc"] and finals[0]["logloss"] == finals[1]["logloss"]
+    assert _metrics(tmp_path / "a.jsonl") == _metrics(tmp_path / "b.jsonl") != []
+
+
+@pytest.fixture(scope="module")
+def main_straight(tmp_path_factory):
+    """The main job's uninterrupted run, to compare the killed and restarted ones with."""
+    d = tmp_path_factory.mktemp("main")
+    _train(4, MAIN, MAIN_SETS + [f"checkpoint.dir={d / 'ck'}", f"job.export={d / 'w.npz'}"])
+    return d / "w.npz"
+
+
+@pytest.mark.parametrize("victim", ["ps", "worker"])
+def test_kill_9_any_rank_then_restart_is_bit_equal_to_an_uninterrupted_run(tmp_path, main_straight, victim):
+    rng = random.Random(os.getpid())
+    rank = 3 if victim == "ps" else rng.randrange(3)          # rank 3 is the PS of 4 ranks
+    tag = f"det-kill-{victim}-{os.getpid()}"
+    ck = tmp_path / "ck"
+    argv = ["-m", "hpcps", "train", "--config", MAIN, "--set", *MAIN_SETS, f"checkpoint.dir={ck}",
+            f"job.export={tmp_path / 'w.npz'}"]
+    proc = launch_mpi(4, argv, env={"HPCPS_STEP_DELAY": "0.05"}, tag=tag)
+    deadline = time.time() + 90
+    while time.time() < deadline and not store.list_checkpoints(ck):
+        time.sleep(0.05)
+    time.sleep(rng.uniform(0.0, 1.5))                         # a random step after the first checkpoint
+    pid = rank_pid(tag, rank)
+    assert pid, "rank not found"
+    os.kill(pid, signal.SIGKILL)
+    code, _, _ = reap(proc)
+    assert code != 0 and not (tmp_path / "w.npz").exists()    # it died before the end
+    f = _final(_train(4, MAIN, argv[6:]).stdout)              # the same command again
+    assert 10 <= f["start_step"] < 60
+    _assert_bit_equal(tmp_path / "w.npz", main_straight)
+
+
+def test_restart_on_more_ps_is_bit_equal_and_on_other_workers_close(tmp_path, main_straight):
+    # the same 3 workers on 2 PS: each row's gradients are still summed in worker order, so the same
+    # bits. 2 workers: the global batch's gradient is summed in other groups: close, not equal
+    ck = tmp_path / "ck"
+    _train(4, MAIN, MAIN_SETS + [f"checkpoint.dir={ck}", "job.steps=30"])
+    for n, ps, out in ((5, 2, "p2"), (3, 1, "w2")):
+        copy = tmp_path / f"ck-{out}"
+        os.system(f"cp -a {ck} {copy}")
+        f = _final(_train(n, MAIN, MAIN_SETS + [f"checkpoint.dir={copy}", f"job.num_ps={ps}",
+                                                f"job.export={tmp_path / out}.npz"]).stdout)
+        assert f["start_step"] == 30 and f["num_ps"] == ps and f["num_workers"] == n - ps
+    _assert_bit_equal(tmp_path / "p2.npz", main_straight)
+    a, b = np.load(tmp_path / "w2.npz"), np.load(main_straight)
+    worst = max(float(np.abs(a[k] - b[k]).max()) for k in a.files)
+    assert 0 < worst < 0.05, worst
