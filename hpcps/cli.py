@@ -79,7 +79,12 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("args", nargs=argparse.REMAINDER, help="passed to the script")
     k = sub.add_parser("ckpt", help="list, verify, inspect and export checkpoints (no MPI launch needed)")
     ks = k.add_subparsers(dest="ckpt_command", required=True)
-    ks.add_parser("ls", help="checkpoints in a directory, newest last, with their state").add_argument("dir")
+    kl = ks.add_parser("ls", help="checkpoints in a directory, newest last, with their state; then this host's "
+                                  "node-local level (checkpoint.local_dir)")
+    kl.add_argument("dir")
+    kl.add_argument("--local-dir", default=None,
+                    help="this host's node-local checkpoint directory (default: checkpoint.local_dir of the "
+                         "newest checkpoint's config)")
     v = ks.add_parser("verify", help="check sizes and SHA-256 of one checkpoint or of every one in a directory")
     v.add_argument("path")
     v.add_argument("--deep", action="store_true",
@@ -173,7 +178,7 @@ def main(argv=None) -> int:
         from .checkpoint import tools
         try:
             if args.ckpt_command == "ls":
-                return tools.ls(args.dir)
+                return tools.ls(args.dir, args.local_dir)
             if args.ckpt_command == "verify":
                 return tools.verify_cmd(args.path, args.deep, args.max_abs)
             if args.ckpt_command == "inspect":

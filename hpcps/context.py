@@ -156,7 +156,8 @@ class Context(Topology):
         self._resources.append(resource)
 
     def add_service_hook(self, hook) -> None:
-        """PS: call ``hook()`` on every poll of the serve loop (checkpoint requests). Local."""
+        """PS: call ``hook()`` on every poll of the serve loop (checkpoint requests); a true result
+        means it did work, and the loop polls again without pausing. Local."""
         self._service_hooks.append(hook)
 
     def check_open(self) -> None:
@@ -172,9 +173,9 @@ class Context(Topology):
         while not req.Test():
             seen = self.control.bell()               # before looking: a ring after it is not lost
             if self.is_ps:
-                misses = 0 if self.control.service(self._tables) else misses + 1
-                for hook in self._service_hooks:
-                    hook()
+                worked = self.control.service(self._tables)
+                worked = any([hook() for hook in self._service_hooks]) or worked    # every hook runs
+                misses = 0 if worked else misses + 1
             else:
                 misses += 1
                 _wait.overdue(started, misses, "this worker finished; the other ranks have not reached finalize()")

@@ -13,11 +13,22 @@ Runs `hpcps train` on the synthetic DLRM job (1 PS + workers) with a large table
   incremental size  a checkpoint holding only rows changed since the previous one, against the
                     full one, on the Zipf workload after a short interval (target >= 6x smaller)
   restart time      start of a resumed job to its first step, against the bytes it read
+--part levels (also in --part all) compares the levels (README "Checkpoint levels") on the main
+job (examples/ctr.toml as it is) and on a 1 GB table (8 x 1M rows of 16 floats, Adagrad: 512 MB
+of rows and 512 MB of state), a checkpoint every 10 steps:
+  stall             the workers' pause per checkpoint, summed over the run, as a share of its
+                    training time (target for the node-local level <= 1%), and the throughput
+                    against the same job without checkpoints, runs alternated (--rounds)
+  write time        request -> commit of each level
+  restore time      a restart's restore_s from the node-local level (/dev/shm) and from the
+                    filesystem (--dir; page cache dropped first when run as root, as a parallel
+                    filesystem's client would read it cold; warm too) (target: local >= 5x faster)
 Writes JSON (--out) and prints the ratios.
 """
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -97,6 +108,96 @@ def writer_alone(root: Path, nbytes: int, pairs: int) -> tuple[list[float], list
     return mine, theirs
 
 
+def _run(ranks, base, sets, timeout=3600):
+    r = run_mpi(ranks, base + sets, timeout=timeout)
+    return final(r.stdout)
+
+
+def drop_caches() -> bool:
+    """Empty the page cache (root only): the next read of the filesystem level is cold."""
+    try:
+        subprocess.run(["sync"], check=True)
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def level_runs(ranks: int, base: list, root: Path, steps: int, rounds: int) -> dict:
+    """Runs without checkpoints, with node-local ones and with filesystem ones every 10 steps, in
+    turns; each level's stall share, write time, throughput against none, then restore times."""
+    shm = Path(f"/dev/shm/hpcps-bench-{os.getpid()}")
+    out = {"none": [], "local": [], "pfs": []}
+    try:
+        for i in range(rounds):
+            order = ["none", "local", "pfs"][i % 3:] + ["none", "local", "pfs"][:i % 3]
+            for level in order:
+                ck = root / f"{level}-{i}"
+                sets = [f"job.steps={steps}"]
+                if level == "local":
+                    sets += [f"checkpoint.dir={ck}", f"checkpoint.local_dir={shm / str(i)}", "checkpoint.local_every=10"]
+                elif level == "pfs":
+                    sets += [f"checkpoint.dir={ck}", "checkpoint.every_steps=10", "checkpoint.keep=2"]
+                f = _run(ranks, base, sets)
+                mine = [t for t in f["checkpoint_timings"] if t["kind"] == ("local" if level == "local" else "full")
+                        and t["step"] < steps]
+                out[level].append({"samples_s": f["samples_per_s"], "elapsed_s": f["elapsed_s"],
+                                   "stall_s": sum(t["stall_s"] for t in mine), "checkpoints": len(mine),
+                                   "write_s": [t["write_s"] for t in mine]})
+        # restores: the last round's runs. The local run's filesystem checkpoint (its final one)
+        # removed, a restart loads its newest node-local step; the filesystem run's, read cold
+        last = rounds - 1
+        for p in store_list(root / f"local-{last}"):
+            shutil.rmtree(p)
+        f = _run(ranks, base, [f"job.steps={steps + 1}", f"checkpoint.dir={root / f'local-{last}'}",
+                               f"checkpoint.local_dir={shm / str(last)}"])
+        assert f["restored_from"] == "local", f["restored_from"]
+        restore = {"local": f["restore_s"]}
+        cold = drop_caches()
+        f = _run(ranks, base, [f"job.steps={steps + 1}", f"checkpoint.dir={root / f'pfs-{last}'}"])
+        assert f["restored_from"] == "pfs", f["restored_from"]
+        restore["pfs_cold" if cold else "pfs_warm"] = f["restore_s"]
+    finally:
+        shutil.rmtree(shm, ignore_errors=True)
+    med = {k: statistics.median(x["samples_s"] for x in v) for k, v in out.items()}
+    summary = {level: {"stall_share": statistics.median(x["stall_s"] / x["elapsed_s"] for x in out[level]),
+                       "stall_per_checkpoint_s": statistics.median(x["stall_s"] / max(x["checkpoints"], 1)
+                                                                   for x in out[level]),
+                       "write_s": statistics.median(w for x in out[level] for w in x["write_s"]),
+                       "throughput_vs_none": med[level] / med["none"]} for level in ("local", "pfs")}
+    return {"runs": out, "levels": summary, "restore_s": restore,
+            "restore_pfs_vs_local": {k: v / max(restore["local"], 1e-9) for k, v in restore.items() if k != "local"}}
+
+
+def store_list(ck: Path) -> list:
+    from hpcps.checkpoint import store
+    return store.list_checkpoints(ck)
+
+
+def print_levels(name: str, r: dict) -> None:
+    for level, x in r["levels"].items():
+        print(f"  {name} {level:5}: stall {100 * x['stall_share']:.2f}% of training "
+              f"({1e3 * x['stall_per_checkpoint_s']:.1f} ms a checkpoint; target for local <= 1%), write "
+              f"{x['write_s']:.2f} s, throughput {x['throughput_vs_none']:.3f}x no checkpoints")
+    rs = r["restore_s"]
+    print(f"  {name} restore: local {rs['local']:.3f} s; " + ", ".join(
+        f"{k} {rs[k]:.3f} s ({r['restore_pfs_vs_local'][k]:.1f}x local)" for k in rs if k != "local")
+        + " (target >= 5x)")
+
+
+def main_levels(a, root: Path) -> dict:
+    cfg = ["-m", "hpcps", "train", "--config", ROOT / "examples" / "ctr.toml", "--set", "metrics.progress=false",
+           "job.eval_every=0", "data.eval_samples=2000"]
+    report = {}
+    for name, rows, steps in (("main", None, a.level_steps), ("table_1gb", a.level_big_rows, a.level_steps_big)):
+        if name not in a.workloads.split(","):
+            continue
+        base = cfg + ([f"data.rows_per_table={rows}"] if rows else [])
+        report[name] = level_runs(a.ranks, base, root / name, steps, a.rounds)
+        print_levels(name, report[name])
+    return report
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dir", default="results/bench-ckpt")
@@ -104,10 +205,24 @@ def main():
     ap.add_argument("--rows", type=int, default=400_000, help="rows per table (8 tables, dim 16)")
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--out", default="results/bench_checkpoint.json")
+    ap.add_argument("--part", choices=("all", "pfs", "levels"), default="all",
+                    help="pfs: the filesystem level's figures; levels: the levels compared; all: both")
+    ap.add_argument("--rounds", type=int, default=3, help="levels: alternated rounds")
+    ap.add_argument("--level-steps", type=int, default=300, help="levels: steps of the main job's runs")
+    ap.add_argument("--level-steps-big", type=int, default=100, help="levels: steps of the 1 GB table's runs")
+    ap.add_argument("--level-big-rows", type=int, default=1 << 20,
+                    help="levels: rows per table of the large workload (8 tables; 1M: 1 GB with Adagrad's state)")
+    ap.add_argument("--workloads", default="main,table_1gb", help="levels: which workloads (comma-separated)")
     a = ap.parse_args()
     root = Path(a.dir)
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
+    if a.part == "levels":
+        report = {"levels": main_levels(a, root / "levels")}
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(json.dumps(report, indent=1))
+        print(f"  wrote {a.out}")
+        return 0
     base = ["-m", "hpcps", "train", "--config", ROOT / "examples" / "ctr.toml", "--set",
             f"data.rows_per_table={a.rows}", "data.eval_samples=2000", "metrics.progress=false", "metrics.path=",
             "job.eval_every=0"]
@@ -171,6 +286,8 @@ def main():
         print(f"  incremental {inc['delta'] / 1e6:.2f} MB vs full {inc['full'] / 1e6:.2f} MB: "
               f"{report['incremental_ratio']:.1f}x smaller (target >= 6)")
     print(f"  restore {rf['restore_s']:.2f} s for {nbytes / 1e6:.1f} MB ({report['restore_mb_s']:.0f} MB/s)")
+    if a.part == "all":
+        report["levels"] = main_levels(a, root / "levels")
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(report, indent=1))
     print(f"  wrote {a.out}")

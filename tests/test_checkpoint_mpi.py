@@ -3,6 +3,7 @@
 import json
 import os
 import random
+import shutil
 import signal
 import time
 
@@ -305,3 +306,24 @@ def test_kill_9_mid_epoch_then_fewer_workers_reads_every_line_exactly_once(tmp_p
         return out
     seen = samples("first", lambda s: s < start, 16) + samples("second", lambda s: s >= start, 24)
     assert sorted(seen) == list(range(1200))
+
+
+def test_node_local_level_restarts_bit_equal_and_ckpt_ls_shows_it(tmp_path, straight):
+    # local checkpoints every 4 steps, the filesystem's only at the end (step 30); that one lost, a
+    # restart takes the newest local step and ends with the straight run's bits
+    import subprocess
+    import sys
+    ck, loc = tmp_path / "ck", tmp_path / "local"
+    sets = [f"checkpoint.dir={ck}", f"checkpoint.local_dir={loc}", "checkpoint.local_every=4",
+            f"job.export={tmp_path / 'w.npz'}"]
+    f = _final(_train(4, sets).stdout)
+    assert f["local_checkpoints"] == [4, 8, 12, 16, 20, 24, 28] and f["checkpoints"] == [30]
+    assert {p.name.split(".")[0] for p in loc.iterdir()} == {"step-000000024", "step-000000028"}   # local_keep=2
+    ls = subprocess.run([sys.executable, "-m", "hpcps", "ckpt", "ls", str(ck)], capture_output=True, text=True)
+    assert "node-local level on this host" in ls.stdout and "ps 0" in ls.stdout and "dense" in ls.stdout, ls.stdout
+    shutil.rmtree(store.step_dir(ck, 30))
+    (tmp_path / "w.npz").unlink()
+    r = _train(4, sets)
+    f = _final(r.stdout)
+    assert f["restored_from"] == "local" and f["start_step"] == 28 and "node-local level" in r.stderr
+    _same(tmp_path / "w.npz", straight["adam"])

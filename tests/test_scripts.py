@@ -56,13 +56,28 @@ def test_bench_checkpoint_smoke(tmp_path):
     import sys
     out = tmp_path / "b.json"
     subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_checkpoint.py"), "--dir", str(tmp_path / "d"),
-                    "--rows", "5000", "--steps", "20", "--out", str(out)], check=True, capture_output=True,
-                   timeout=600, env=__import__("mpirun").mpi_env())
+                    "--rows", "5000", "--steps", "20", "--out", str(out), "--part", "pfs"], check=True,
+                   capture_output=True, timeout=600, env=__import__("mpirun").mpi_env())
     r = json.loads(out.read_text())
     assert r["checkpoint_bytes"] > 0 and r["write_bandwidth_mb_s"] > 0 and r["dd_bandwidth_mb_s"] > 0
     assert r["full_bytes"] > r["incremental_bytes"] > 0 and r["restore_s"] > 0
     assert r["dd_under_training_load"] is True and len(r["dd_each_mb_s"]["under_load"]) == 4
     assert r["writer_alone_vs_dd"] > 0 and len(r["writer_alone_mb_s"]) == 4
+
+
+def test_bench_checkpoint_levels_smoke(tmp_path):
+    import subprocess
+    import sys
+    out = tmp_path / "b.json"
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_checkpoint.py"), "--dir", str(tmp_path / "d"),
+                        "--part", "levels", "--rounds", "1", "--level-steps", "20", "--workloads", "main",
+                        "--out", str(out)], capture_output=True, text=True, timeout=600,
+                       env=__import__("mpirun").mpi_env())
+    assert r.returncode == 0, r.stderr[-3000:]
+    main = json.loads(out.read_text())["levels"]["main"]
+    assert set(main["levels"]) == {"local", "pfs"} and main["runs"]["local"][0]["checkpoints"] == 1
+    assert main["restore_s"]["local"] > 0 and len(main["restore_pfs_vs_local"]) == 1
+    assert "main local:" in r.stdout and "main restore:" in r.stdout
 
 
 def test_fault_checkpoint_script_smoke(tmp_path):

@@ -83,7 +83,7 @@ def test_failing_rank_ends_the_job_promptly(via_mpi4py):
     ("0", 3, "num_ps must be >= 1, got 0"),
     ("3", 3, "num_ps=3 leaves no worker rank in a world of 3 ranks"),
     ("-2", 2, "num_ps must be >= 1"),
-    ("mismatch", 3, "ranks disagree on (num_ps, transport, mode, ps_layout)"),
+    ("mismatch", 3, "ranks disagree on (num_ps, transport, mode, ps_layout, deterministic)"),
 ])
 def test_impossible_layout_fails_on_every_rank(arg, n, msg):
     r = run_mpi(n, ["init_errors.py", arg], timeout=60)

@@ -11,7 +11,10 @@ Protocol at a step boundary ``t`` (workers drive it, PS ranks follow from their 
 5. worker 0 commits (checksums, manifest, fsync, rename, ``latest``, prune) once every file is
    written; the next checkpoint first waits for that.
 
-No push is half inside a checkpoint: between 1 and 4 no worker pushes.
+No push is half inside a checkpoint: between 1 and 4 no worker pushes. In deterministic sync mode
+rows change only in the PS's apply (pushes wait in the mailboxes), so steps 1 and 4 are skipped:
+the PS cuts the checkpoint at step ``t`` just before it applies step ``t`` (``before_apply``), and
+the workers pause only to copy the dense state.
 
 A node-local checkpoint (``level="local"``: :mod:`hpcps.checkpoint.local`) runs the same cut; each
 PS writes its shard into its host's ``local_dir``, sends it to its partner PS on another host
@@ -58,7 +61,11 @@ class Checkpointer:
         self.partners = Partners(ctx, file_mode) if ctx.is_ps and self.local_dir else None
         self._level = "pfs"
         self._partnering = False      # PS: its file is written, the partner copies travel
+        self._chunked = []            # PS: [(table, ChunkedSnapshot)] being copied
         self._local_pending = None    # a host's first worker: the local step its dense part is being written for
+        self._dense_writer = None     # ... and the thread writing it
+        self._rng_req = None          # workers: the all-gather of the RNG states in flight
+        self._deferred = None         # worker 0 / a host's first worker: the dense file waiting for them
         self.local_committed = []     # worker 0: committed local steps
         self.dir_mode, self.file_mode = dir_mode, file_mode
         self.keep, self.compression, self.meta = keep, compression, meta
@@ -69,10 +76,16 @@ class Checkpointer:
         self._last = None                           # worker 0: name of the last committed checkpoint
         self._base = None                           # worker 0: name of the last full checkpoint
         self._win = Window(ctx.world, 40 if ctx.is_ps else 0, what="checkpoint control")
+        # deterministic sync mode: rows change only in the PS's apply, so the PS cuts the checkpoint
+        # before the next apply and the workers need not wait for its copy (hpcps.sparse.push)
+        self.early = ctx.deterministic and ctx.control.kind == "sync"
+        self._mine = self._win.local(np.int64) if ctx.is_ps else None     # PS: its words, this memory
         if ctx.is_ps:
-            self._win.local(np.int64)[:] = -1
+            self._mine[:] = -1
             self._win.sync()
             ctx.add_service_hook(self._ps_poll)
+            if self.early:
+                ctx.control.before_apply.append(self._ps_before_apply)
         self._res = np.zeros(1, np.int64)
         self._ign = np.zeros(1, np.int64)
         self._handled = -1            # PS: last request served
@@ -89,6 +102,9 @@ class Checkpointer:
 
     # -------------------------------------------------------------- control words
     def _get(self, rank, word):
+        if rank == self.ctx.rank and self._mine is not None:   # a PS's own words: a load after a barrier
+            self._win.sync()
+            return int(self._mine[word])
         win = self._win.win
         win.Get_accumulate([self._ign, MPI.INT64_T], [self._res, MPI.INT64_T], rank,
                            (word * 8, 1, MPI.INT64_T), op=MPI.NO_OP)
@@ -96,14 +112,22 @@ class Checkpointer:
         return int(self._res[0])
 
     def _put(self, rank, word, value):
+        if rank == self.ctx.rank and self._mine is not None:   # the serve loop reads these dozens of times a step
+            self._mine[word] = value
+            self._win.sync()
+            return
         win = self._win.win
         win.Accumulate([np.array([value], np.int64), MPI.INT64_T], rank, (word * 8, 1, MPI.INT64_T),
                        op=MPI.REPLACE)
         win.Flush(rank)
 
     # -------------------------------------------------------------- PS side
-    def _ps_poll(self) -> None:
+    def _ps_poll(self) -> bool:
+        """PS, each poll of the serve loop: move the checkpoint in flight on, or start the one asked
+        for. True when it did work (the loop polls again at once)."""
         me = self.ctx.rank
+        if self._copy_chunks():
+            return True
         if self._writer is not None and not self._writer.is_alive():
             w, self._writer = self._writer, None
             if w.error is not None:
@@ -120,16 +144,58 @@ class Checkpointer:
             self._commit_ps_part()
         req = self._get(me, REQUEST)
         if req <= self._handled or self._writer is not None or self._partnering or self.ctx.control.step < req:
+            return False
+        self._handle(req)
+        return True
+
+    def _ps_before_apply(self) -> None:
+        """PS, deterministic sync mode, about to apply step ``control.step``: a checkpoint asked for at
+        that step is cut now, before the apply (workers did not wait for it: their pushes of the
+        step wait in the mailboxes, and only this apply changes rows). The previous checkpoint is
+        finished by then (worker 0 waited for its commit before asking)."""
+        req = self._get(self.ctx.rank, REQUEST)
+        if req != self.ctx.control.step or req <= self._handled:
             return
+        misses, started = 0, time.monotonic()
+        while self._writer is not None or self._partnering or self._chunked:   # not expected; never skip the cut
+            self._ps_poll()
+            misses += 1
+            time.sleep(0.0005)
+            overdue(started, misses, f"checkpoint at step {req}: the previous checkpoint's files are still written")
+        self._handle(req)
+
+    def _handle(self, req: int) -> None:
+        """PS: copy its shards for the checkpoint at step ``req`` (deterministic sync mode, full
+        checkpoints: start chunked copies, :meth:`_copy_chunks`) and start writing them."""
+        me = self.ctx.rank
         kind = self._get(me, KIND)
         self._level = "local" if kind == LOCAL else "pfs"
         delta = kind == 1
-        snap = {}
-        for t in self.tables:
-            dirty = t.take_dirty() if t.track_dirty else None    # workers are paused: no new marks
-            snap[t.name] = {**t.snapshot(dirty if delta else None), "num_rows": t.num_rows, "dim": t.dim,
-                            "optimizer": repr(t.optimizer)}
         self._handled = req
+        dirty = {t.name: t.take_dirty() if t.track_dirty else None for t in self.tables}   # no new marks meanwhile
+        if self.early and not delta:
+            self._chunked = [(t, t.begin_snapshot()) for t in self.tables]
+            return
+        self._write({t.name: t.snapshot(dirty[t.name] if delta else None) for t in self.tables})
+
+    def _copy_chunks(self) -> bool:
+        """PS: copy chunks of the snapshots in progress for about a millisecond; once all are
+        copied, write them. True when it copied anything."""
+        if not self._chunked:
+            return False
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < 0.001:
+            if all([snap.step() for _, snap in self._chunked]):
+                snaps, self._chunked = self._chunked, []
+                self._write({t.name: snap.result() for t, snap in snaps})
+                break
+        return True
+
+    def _write(self, snaps: dict) -> None:
+        """PS: the shards of the checkpoint at ``_handled`` are copied: report it, write them."""
+        me, req = self.ctx.rank, self._handled
+        snap = {t.name: {**snaps[t.name], "num_rows": t.num_rows, "dim": t.dim, "optimizer": repr(t.optimizer)}
+                for t in self.tables}
         self._put(me, COPIED, req)
         if self._level == "local":
             tmp = local.part_tmp(self.local_dir, req, me)
@@ -176,7 +242,8 @@ class Checkpointer:
         shards copied to partners). Collective over the worker communicator."""
         self.wait_commit()
         t0 = time.perf_counter()
-        self.ctx.fence(step)
+        if not self.early:
+            self.ctx.fence(step)
         local_level = level == "local"
         if self.is_lead:
             self._step_meta, self._level = meta or {}, level
@@ -194,27 +261,24 @@ class Checkpointer:
             for r in self.ctx.ps_world_ranks:
                 self._put(r, KIND, LOCAL if local_level else {"delta": 1, "full": 0}[self._kind])
                 self._put(r, REQUEST, step)
-        import torch
-        comm = self.ctx.worker_comm
-        rngs = comm.allgather(torch.get_rng_state().numpy()) if local_level else \
-            comm.gather(torch.get_rng_state().numpy(), root=0)
-        if local_level:
-            meta = comm.bcast(meta if self.is_lead else None, root=0)     # every host's part has it
-        self._wait_copied(step)
+        self._gather_rngs()
+        if not self.early:
+            self._wait_copied(step)
         if self.is_lead or (local_level and self.holder):
-            dense = self._dense_state(model, optimizer, rngs, step)
-            if local_level:
+            dense = self._dense_state(model, optimizer, step)
+            if local_level:         # every worker has ``meta`` (the evaluations' state is shared)
                 tmp = local.part_tmp(self.local_dir, step, self.ctx.rank)
                 tmp.mkdir(mode=self.dir_mode, parents=True, exist_ok=True)
-                self._dense_writer = Background(write_dense, tmp / "dense.h5", step, *dense, self.file_mode)
+                self._deferred = ("local", tmp / "dense.h5", step, dense)
                 self._local_pending, self._local_meta = step, meta or {}
             else:
-                self._writer = Background(write_dense, store.tmp_dir(self.root, step) / "dense.h5", step, *dense,
-                                          self.file_mode)
+                self._deferred = ("pfs", store.tmp_dir(self.root, step) / "dense.h5", step, dense)
             if self.is_lead:
                 self._pending = step
+            self._start_dense(block=False)
         self.stall_seconds.append(time.perf_counter() - t0)
-        comm.Barrier()
+        if not self.early:             # the workers leave the cut together (they waited for the copies)
+            comm.Barrier()
 
     def _wait_copied(self, step: int) -> None:
         """Until every PS copied its shards for the checkpoint at ``step``."""
@@ -227,16 +291,45 @@ class Checkpointer:
                 misses += 1
                 overdue(started, misses, f"checkpoint at step {step}: PS world rank {r} has not copied its shards")
 
-    def _dense_state(self, model, optimizer, rngs, step: int):
-        """``(model arrays, optimizer state, extra)`` of :func:`write_dense`: copies, taken now."""
+    def _gather_rngs(self) -> None:
+        """Start gathering every worker's torch RNG state for the dense file (a non-blocking
+        all-gather, completed by :meth:`_start_dense`: no worker waits for another here).
+        Collective over the workers."""
+        import torch
+        mine = torch.get_rng_state().numpy()
+        self._rng_mine = mine
+        self._rngs = np.empty((self.ctx.num_workers, mine.size), np.uint8)
+        self._rng_req = self.ctx.worker_comm.Iallgather([mine, MPI.BYTE], [self._rngs, MPI.BYTE])
+
+    def _start_dense(self, block: bool) -> bool:
+        """Once the RNG states are in, start writing the dense file taken at the cut (worker 0, and
+        for the local level each host's first worker); every worker completes its part of the
+        all-gather here. False while it is not in yet (``block``: wait for it). Local."""
+        if self._rng_req is not None:
+            if not (self._rng_req.Wait() if block else self._rng_req.Test()):
+                return False
+            self._rng_req = None
+        if self._deferred is not None:
+            level, path, step, (model_state, optim_state, extra) = self._deferred
+            self._deferred = None
+            extra = {**extra, "torch_rng": self._rngs}
+            writer = Background(write_dense, path, step, model_state, optim_state, extra, self.file_mode)
+            if level == "local":
+                self._dense_writer = writer
+            else:
+                self._writer = writer
+        return True
+
+    def _dense_state(self, model, optimizer, step: int):
+        """``(model arrays, optimizer state, extra)`` of :func:`write_dense`: copies, taken now (the
+        RNG states are added once gathered)."""
         import torch
         model_state = {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
         osd = optimizer.state_dict()
         optim_state = {"state": {i: {k: (v.detach().cpu().numpy().copy() if torch.is_tensor(v) else v)
                                      for k, v in st.items()} for i, st in osd["state"].items()},
                        "param_groups": osd["param_groups"]}
-        extra = {"torch_rng": np.stack(rngs), "next_step": np.array(step),
-                 "worker_positions": np.full(self.ctx.num_workers, step, np.int64)}
+        extra = {"next_step": np.array(step), "worker_positions": np.full(self.ctx.num_workers, step, np.int64)}
         return model_state, optim_state, extra
 
     def _commit_dense_part(self, block: bool) -> bool:
@@ -244,11 +337,13 @@ class Checkpointer:
         if self._local_pending is None:
             return True
         w = self._dense_writer
+        if w is None:                   # not started yet: the RNG states were not in
+            return False
         if w.is_alive():
             if not block:
                 return False
             w.join()
-        step, self._local_pending = self._local_pending, None
+        step, self._local_pending, self._dense_writer = self._local_pending, None, None
         if w.error is not None:
             raise HpcpsError(f"local checkpoint at step {step}: writing dense.h5 failed: {w.error}") from w.error
         local.commit_part(self.local_dir, step, self.ctx.rank,
@@ -269,7 +364,7 @@ class Checkpointer:
     def poll_commit(self, block: bool = False) -> bool:
         """Commit the checkpoint in flight once every file is written (worker 0; a host's first
         worker commits its local part). Local."""
-        if not self._commit_dense_part(block):
+        if not self._start_dense(block) or not self._commit_dense_part(block):
             return False
         if not self.is_lead or self._pending is None:
             return True

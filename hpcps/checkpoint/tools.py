@@ -29,14 +29,23 @@ def _exists(path) -> None:
         raise ValueError(f"{path}: no such file or directory")
 
 
-def ls(root) -> int:
+def ls(root, local_dir=None) -> int:
+    """Print the checkpoints of ``root`` (the filesystem level), then this host's parts of the
+    node-local level (``local_dir``, default the newest checkpoint's ``checkpoint.local_dir``).
+    Returns 1 when there is none at all. Local."""
     _exists(root)
     if not Path(root).is_dir():
         raise ValueError(f"{root}: not a directory (ckpt ls lists a checkpoint directory)")
     rows = store.list_checkpoints(root)
+    if local_dir is None and rows:
+        try:
+            local_dir = store.read_manifest(rows[-1]).get("config", {}).get("checkpoint", {}).get("local_dir") or None
+        except (OSError, ValueError):
+            local_dir = None
     if not rows:
         print(f"no checkpoints in {root}")
-        return 1
+        return 0 if local_dir and _ls_local(root, local_dir) else 1
+    print(f"filesystem level ({root}):")
     latest = (Path(root) / "latest").read_text().strip() if (Path(root) / "latest").exists() else ""
     best = store.read_best(root)
     for p in rows:
@@ -52,7 +61,32 @@ def ls(root) -> int:
         if best is not None and p.name == best["checkpoint"]:
             desc += f"  best {best['metric']} {best['value']:.5g}"
         print(f"{mark} {p.name}  {desc}  {'verified' if ok else 'BROKEN: ' + why}")
+    if local_dir:
+        _ls_local(root, local_dir)
     return 0
+
+
+def _ls_local(root, local_dir) -> int:
+    """Print this host's node-local parts of the job of checkpoint directory ``root``, a line per
+    step; returns how many steps. Local."""
+    from . import local
+    job = str(Path(root).resolve())
+    parts = [p for p in local.scan(local_dir) if p["manifest"].get("checkpoint_dir") in (job, None)]
+    steps = sorted({p["step"] for p in parts})
+    print(f"node-local level on this host ({local_dir}): " + ("none" if not steps else f"{len(steps)} step(s)"))
+    for step in steps:
+        mine = [p for p in parts if p["step"] == step]
+        desc = []
+        for p in mine:
+            man = p["manifest"]
+            what = ([f"ps {','.join(map(str, man.get('shards', [])))}"] if man.get("shards") else []) + \
+                   (["dense"] if man.get("dense") else [])
+            size = sum(f.get("bytes", 0) for f in man.get("files", {}).values())
+            desc.append(f"{p['path'].name.split('.', 1)[1]} ({' + '.join(what) or 'empty'}, {size / 1e6:.2f} MB"
+                        f"{', rebuilt' if man.get('rebuilt') else ''}{'' if p['ok'] else ', BROKEN: ' + p['why']})")
+        num_ps = next((p["manifest"].get("num_ps") for p in mine if p["manifest"].get("num_ps")), "?")
+        print(f"  step {step:>9}  {num_ps} PS  parts: {'; '.join(desc)}")
+    return len(steps)
 
 
 def _deep(p: Path, max_abs: float) -> str:

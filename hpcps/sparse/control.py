@@ -74,6 +74,7 @@ class StepControl:
         self.step = 0                    # worker: current step; PS: steps applied
         self.staleness: list[int] = []   # worker, ssp/async: t - slowest clock at begin(t)
         self.wait_seconds = 0.0
+        self.before_apply = []           # PS, sync: called before each step's apply (checkpoint cuts)
 
     def set_start(self, step: int) -> None:
         """Every rank, before training resumes at ``step``: counters as if steps ``< step`` ran.
@@ -195,6 +196,8 @@ class StepControl:
         complete = done // W                      # steps every worker has finished
         if self.kind == "sync" and not final:
             if complete > self.step:              # at most one step ahead: workers wait for us
+                for hook in self.before_apply:
+                    hook()
                 apply_staged(self.ctx, tables, self.step)
                 self._publish(self.step + 1)
                 return True

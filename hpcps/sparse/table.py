@@ -31,6 +31,7 @@ from .codec import HalfCopy, torch_module
 from .mailbox import Mailbox
 from .pull import PullHandle, gather_local, pull_async
 from .push import PushHandle, push_many
+from .snapshot import ChunkedSnapshot
 from .staging import Staging
 from .spec import agree, check_args, check_init, check_segments
 from .tracking import DirtyRows, RowVersions
@@ -164,6 +165,7 @@ class EmbeddingTable:
         self._applies = 0                       # PS: optimizer steps applied to this shard
         self._state = {}                        # PS: optimizer state arrays of the shard
         self._tensors = None                    # PS: the shard and state as torch tensors (_ps_tensors)
+        self._snap = None                       # PS: a chunked snapshot in progress (begin_snapshot)
         if ctx.is_ps:
             self._fill_initial(local_rows)
             if self.half is not None:
@@ -306,6 +308,10 @@ class EmbeddingTable:
         """PS: apply the optimizer to local ``rows`` with their summed ``grads`` (from
         :meth:`Staging.take`), and refresh what follows the rows. Local."""
         torch = torch_module()
+        if self._snap is not None:              # a snapshot in progress keeps these rows as they were
+            self._snap.before_apply(rows)
+            if self._snap.done:
+                self._snap = None
         self._applies += 1
         shard, state = self._ps_tensors()
         new = self.optimizer.apply(shard, state, torch.from_numpy(rows), torch.from_numpy(grads), step, self._applies)
@@ -354,6 +360,23 @@ class EmbeddingTable:
         if self.row_versions is not None:
             out["versions"] = np.array(self.row_versions.local()[sel])
         return out
+
+    def begin_snapshot(self) -> ChunkedSnapshot:
+        """PS, where only its apply changes rows (deterministic sync mode): start a snapshot of
+        the whole shard, as :meth:`snapshot` gives, that the caller copies a chunk at a time
+        (``step()``, then ``result()``) while training goes on; an apply first copies the rows it
+        is about to change. Local."""
+        if not self.ctx.is_ps:
+            raise RoleError(f"table {self.name!r}: begin_snapshot() is for PS ranks")
+        state_keys = {k: k for k in self._state if not k.startswith("_")}
+        sources = {"weights": self.shard(), **{k: self._state[k] for k in state_keys}}
+        if "_seen" in self._state:
+            sources["_seen"], state_keys["_seen"] = self._state["_seen"], "momentum_seen"
+        fixed = {"ids": self.sharding.global_ids(self.ctx.ps_rank), "applies": self._applies}
+        if self.row_versions is not None:
+            fixed["versions"] = np.array(self.row_versions.local())
+        self._snap = ChunkedSnapshot(sources, fixed, state_keys)
+        return self._snap
 
     @property
     def state_names(self) -> list[str]:

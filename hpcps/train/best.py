@@ -27,7 +27,8 @@ def stopped_early(manifest: dict) -> bool:
 class Evaluations:
     """What the evaluations of the run said: the best result (``metric``: ``checkpoint.keep_best``
     or the task's default), how many since, whether to stop early (``job.early_stop_patience``
-    evaluations without improvement). Worker 0 judges; :meth:`observe` shares its verdict.
+    evaluations without improvement). Worker 0 judges; :meth:`observe` shares its verdict and
+    state (every worker's ``state()`` is worker 0's: each host's node-local checkpoint has it).
     ``state()`` goes into each checkpoint's manifest, so a resumed run judges as if never stopped."""
 
     def __init__(self, cfg, task: str, comm, lead: bool, ckpt=None, manifest: dict | None = None):
@@ -66,9 +67,9 @@ class Evaluations:
             if stop:
                 logger.warning("hpcps: early stop after step %d: %d evaluations without a better %s than %.5g "
                                "(step %d)", step, self.since, self.metric, self.best["value"], self.best["step"])
-            verdict = (improved, stop)
-        improved, stop = self.comm.bcast(verdict, root=0)
-        self.stopped_early = self.stopped_early or stop
+            verdict = (improved, stop, self.best, self.since, self.count)
+        improved, stop, self.best, self.since, self.count = self.comm.bcast(verdict, root=0)
+        self.stopped_early = self.stopped_early or stop     # every worker keeps the state a manifest holds
         return improved, stop
 
     def state(self) -> dict:

@@ -74,7 +74,7 @@ def train(cfg: Config) -> dict | None:
             if ckpt is not None:
                 ckpt.resumed_step = start
             if world.Get_rank() == 0:
-                logger.warning("hpcps: resuming from %s (step %d, %s level)", resume_from, start,
+                logger.warning("hpcps: resuming from %s (step %d), the %s level", resume_from, start,
                                "node-local" if level == "local" else "filesystem")
             manifest = ckpt_mod.read_manifest(resume_from)
             if hasattr(data, "resume"):                # a streamed epoch goes on where it stopped

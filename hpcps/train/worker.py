@@ -87,7 +87,7 @@ class Worker:
             for g, lr in zip(self.opt.param_groups, self.base_lrs):
                 g["lr"] = lr
         self.trigger = CheckpointTrigger(cfg, ckpt, stop, self.comm, self.lead, start, ctx.control)
-        manifest = ckpt_mod.read_manifest(resume_from) if resume_from is not None and self.lead else None
+        manifest = ckpt_mod.read_manifest(resume_from) if resume_from is not None else None
         self.evals = Evaluations(cfg, data.task, self.comm, self.lead, ckpt, manifest)
         # the reading plan of a streamed epoch (hpcps.data.plan): a restart continues where it stopped
         plan = getattr(data, "state", lambda step: None)
