@@ -4,7 +4,8 @@ import os
 
 os.environ.setdefault("HDF5_USE_FILE_LOCKING", "FALSE")   # Lustre/NFS locking errors; must precede h5py
 
-from .coordinator import Checkpointer, restore_dense, restore_tables, sharding_names
+from .coordinator import Checkpointer, sharding_names
+from .restore import restore_dense, restore_tables
 from . import local
 from .levels import find_local
 from .store import list_checkpoints, newest_verified, read_manifest, resolve, verify

@@ -201,6 +201,9 @@ def read_rows(paths, name: str, sharding, ps: int, dim: int, state_names, span=N
             mine = keep & (sharding.owner(ids) == ps)
             if not mine.any():
                 continue
+            if mine.all():              # this PS's own file (the same layout): no copy through a mask
+                yield ids, g["weights"][...], {k: g[f"state/{k}"][...] for k in state_names}
+                continue
             yield (ids[mine], g["weights"][...][mine],
                    {k: g[f"state/{k}"][...][mine] for k in state_names})
 

@@ -400,12 +400,15 @@ class EmbeddingTable:
             unknown = set(state) - set(self.state_names)
             if unknown:
                 raise ValueError(f"table {self.name!r}: restore() got unknown optimizer state {sorted(unknown)}")
-            shard[local] = weights
+            # a run of consecutive rows (a shard's own file, same layout) is a slice: a copy, not a scatter
+            at = slice(int(local[0]), int(local[0]) + local.size) \
+                if local.size and bool(np.all(np.diff(local) == 1)) else local
+            shard[at] = weights
             for k, v in state.items():
                 if k == "momentum_seen":
-                    self._state["_seen"][local] = np.asarray(v).astype(bool)
+                    self._state["_seen"][at] = np.asarray(v).astype(bool)
                 else:
-                    self._state[k][local] = v
+                    self._state[k][at] = v
             if versions and self.row_versions is not None:
                 self.row_versions.local()[local] = versions[0]
             if self.half is not None:
