@@ -276,7 +276,7 @@ class Checkpointer:
             self._start_dense(block=False)
         self.stall_seconds.append(time.perf_counter() - t0)
         if not self.early:             # the workers leave the cut together (they waited for the copies)
-            comm.Barrier()
+            self.ctx.worker_comm.Barrier()
 
     def _wait_copied(self, step: int) -> None:
         """Until every PS copied its shards for the checkpoint at ``step``."""
