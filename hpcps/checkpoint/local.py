@@ -65,14 +65,7 @@ def commit_part(root, step: int, rank: int, manifest: dict, keep: int, file_mode
     """Commit world rank ``rank``'s part of checkpoint ``step`` (its files in :func:`part_tmp`), then
     prune this host's parts to the newest ``keep`` steps. Local."""
     tmp, final = part_tmp(root, step, rank, copy), part_dir(root, step, rank, copy)
-    files = {}
-    for f in sorted(tmp.iterdir()):
-        if f.name == store.MANIFEST or f.name.endswith(".sha256"):
-            continue
-        side = f.with_name(f.name + ".sha256")
-        digest = side.read_text().strip() if side.exists() else store.sha256(f)
-        side.unlink(missing_ok=True)
-        files[f.name] = {"bytes": f.stat().st_size, "sha256": digest}
+    files = store.file_digests(tmp)
     store.write_new(tmp / store.MANIFEST, store.dumps({**manifest, "files": files, "level": "local"}), file_mode)
     store.fsync_path(tmp)
     if final.exists():                      # a part rebuilt at the same step and rank: the new one wins

@@ -25,7 +25,7 @@ import shutil
 import time
 from pathlib import Path
 
-__all__ = ["step_dir", "tmp_dir", "list_checkpoints", "verify", "verify_chain", "chain", "newest_verified",
+__all__ = ["step_dir", "tmp_dir", "file_digests", "list_checkpoints", "verify", "verify_chain", "chain", "newest_verified",
            "commit", "resolve", "inside_checkpoint", "write_new", "mark_best", "read_best",
            "read_manifest", "MANIFEST", "DIR_MODE", "FILE_MODE"]
 
@@ -235,6 +235,25 @@ def inside_checkpoint(path, root=None) -> Path | None:
     return None
 
 
+def file_digests(folder) -> dict:
+    """``{name: {"bytes", "sha256"}}`` of the files of a directory being committed: a file's
+    ``<name>.sha256`` beside it (its writer hashed the bytes it wrote) is taken and removed; a file
+    without one is fsynced and hashed here. Local."""
+    files = {}
+    for f in sorted(Path(folder).iterdir()):
+        if f.name == MANIFEST or f.name.endswith(".sha256"):
+            continue
+        side = f.with_name(f.name + ".sha256")
+        if side.exists():
+            digest = side.read_text().strip()
+            side.unlink()
+        else:
+            fsync_path(f)
+            digest = sha256(f)
+        files[f.name] = {"bytes": f.stat().st_size, "sha256": digest}
+    return files
+
+
 def commit(root, step: int, manifest: dict, keep: int, file_mode: int = FILE_MODE, prunable=None) -> Path:
     """Checksum the files of ``tmp_dir(root, step)``, write the manifest, fsync, rename into
     place, move ``latest``, then prune to the newest ``keep`` (0 = keep all), deleting only
@@ -242,19 +261,7 @@ def commit(root, step: int, manifest: dict, keep: int, file_mode: int = FILE_MOD
     moved aside (``step-N.replaced-<time>``), never deleted. Local: one rank calls it once every
     file is written."""
     tmp, final = tmp_dir(root, step), step_dir(root, step)
-    files = {}
-    for f in sorted(tmp.iterdir()):
-        if f.name == MANIFEST or f.name.endswith(".sha256"):
-            continue
-        side = f.with_name(f.name + ".sha256")
-        if side.exists():                    # hashed by its writer from the bytes it wrote
-            digest = side.read_text().strip()
-            side.unlink()
-        else:
-            fsync_path(f)
-            digest = sha256(f)
-        files[f.name] = {"bytes": f.stat().st_size, "sha256": digest}
-    manifest = {**manifest, "files": files, "committed_at": time.time()}
+    manifest = {**manifest, "files": file_digests(tmp), "committed_at": time.time()}
     man = tmp / MANIFEST
     with open(man, "w") as f:
         json.dump(manifest, f, indent=1, sort_keys=True)

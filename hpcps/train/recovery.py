@@ -117,8 +117,9 @@ def pick_level(cfg: Config, ctx, tables):
         except ValueError as e:            # every newer one broken: the local level is good
             if world.Get_rank() == 0:
                 logger.warning("hpcps: %s", e)
-    if pfs is not None and int(ckpt_mod.read_manifest(pfs)["step"]) > found.step:
-        _drop_local_after(cfg, ctx, int(ckpt_mod.read_manifest(pfs)["step"]))
+    pfs_step = int(ckpt_mod.read_manifest(pfs)["step"]) if pfs is not None else -1
+    if pfs_step > found.step:
+        _drop_local_after(cfg, ctx, pfs_step)
         return pfs, None, "pfs"
     _drop_local_after(cfg, ctx, found.step)
     if world.Get_rank() == 0 and found.rebuilt:
@@ -171,8 +172,6 @@ class CheckpointTrigger:
         self.meta = lambda step: {}     # what the checkpoint at a step adds to its manifest (worker 0's view)
         self.last_time, self.last_step, self.stopped = time.time(), start, False
         self._flags = np.zeros(2, np.int64)
-        self._ask = np.zeros(1, np.int64)         # no checkpoint dir: the stop flag in flight
-        self._asked = np.zeros(1, np.int64)
         self._req = None
 
     def _asked_here(self) -> bool:
@@ -198,16 +197,12 @@ class CheckpointTrigger:
         self._req = self.comm.Iallreduce(self._flags, self._result, op=MPI.MAX)
 
     def _poll_stop(self) -> bool:
-        """Without a checkpoint: the stop flags all-reduced at the previous call (complete by now:
-        every worker has started it since, so nobody spins in it), and this call's started. Collective
-        over the workers (the same calls on every worker)."""
-        asked = False
-        if self._req is not None:
-            wait_request(self._req, "the other workers' stop flags")
-            asked, self._req = bool(self._asked[0]), None
+        """Without a checkpoint: the stop flag all-reduced at the previous call (:meth:`_agreed`),
+        and this call's started unless it says stop. Collective over the workers (the same calls on
+        every worker)."""
+        asked = bool(self._agreed()[0])
         if not asked:
-            self._ask[0] = int(self._asked_here())
-            self._req = self.comm.Iallreduce(self._ask, self._asked, op=MPI.MAX)
+            self._flag(False)
         return asked
 
     def after_step(self, step: int, steps: int, model, opt, log, taken: bool = False) -> bool:
@@ -253,9 +248,7 @@ class CheckpointTrigger:
     def finish(self, steps: int, start: int, model, opt) -> None:
         """At the end of training: the final checkpoint (unless a stop request took one, or the job
         had nothing to do), committed. Collective over the worker communicator."""
-        if self._req is not None:                        # a stop poll still in flight ends here
-            wait_request(self._req, "the other workers' stop flags")
-            self._req = None
+        self._agreed()                                   # a flags all-reduce still in flight ends here
         if self.ckpt is None or self.stopped:
             return
         if self.last_step != steps and steps > start:       # a finished job takes no new checkpoint
