@@ -19,7 +19,9 @@ of rows and 512 MB of state), a checkpoint every 10 steps:
   stall             the workers' pause per checkpoint, summed over the run, as a share of its
                     training time (target for the node-local level <= 1%), and the throughput
                     against the same job without checkpoints, runs alternated (--rounds)
-  write time        request -> commit of each level
+  write time        request -> commit of each level (node-local: full ones and deltas apart,
+                    checkpoint.local_full_every as configured); node-local checkpoints taken
+                    against those due (one due while the previous is written waits for it)
   restore time      a restart's restore_s from the node-local level (/dev/shm) and from the
                     filesystem (--dir; page cache dropped first when run as root, as a parallel
                     filesystem's client would read it cold; warm too) (target: local >= 5x faster)
@@ -139,11 +141,14 @@ def level_runs(ranks: int, base: list, root: Path, steps: int, rounds: int) -> d
                 elif level == "pfs":
                     sets += [f"checkpoint.dir={ck}", "checkpoint.every_steps=10", "checkpoint.keep=2"]
                 f = _run(ranks, base, sets)
-                mine = [t for t in f["checkpoint_timings"] if t["kind"] == ("local" if level == "local" else "full")
-                        and t["step"] < steps]
+                mine = [t for t in f["checkpoint_timings"] if t["step"] < steps and
+                        (t["kind"].startswith("local") if level == "local" else t["kind"] == "full")]
                 out[level].append({"samples_s": f["samples_per_s"], "elapsed_s": f["elapsed_s"],
                                    "stall_s": sum(t["stall_s"] for t in mine), "checkpoints": len(mine),
-                                   "write_s": [t["write_s"] for t in mine]})
+                                   "write_s": [t["write_s"] for t in mine],
+                                   "write_full_s": [t["write_s"] for t in mine if t["kind"] in ("local", "full")],
+                                   "write_delta_s": [t["write_s"] for t in mine if t["kind"] == "local-delta"],
+                                   "deferred_steps": f.get("local_deferred_steps", 0)})
         # restores: the last round's runs. The local run's filesystem checkpoint (its final one)
         # removed, a restart loads its newest node-local step; the filesystem run's, read cold
         last = rounds - 1
@@ -164,9 +169,18 @@ def level_runs(ranks: int, base: list, root: Path, steps: int, rounds: int) -> d
                        "stall_per_checkpoint_s": statistics.median(x["stall_s"] / max(x["checkpoints"], 1)
                                                                    for x in out[level]),
                        "write_s": statistics.median(w for x in out[level] for w in x["write_s"]),
+                       "write_full_s": _median([w for x in out[level] for w in x["write_full_s"]]),
+                       "write_delta_s": _median([w for x in out[level] for w in x["write_delta_s"]]),
+                       "checkpoints": statistics.median(x["checkpoints"] for x in out[level]),
+                       "due": len(range(10, steps, 10)),
+                       "deferred_steps": statistics.median(x["deferred_steps"] for x in out[level]),
                        "throughput_vs_none": med[level] / med["none"]} for level in ("local", "pfs")}
     return {"runs": out, "levels": summary, "restore_s": restore,
             "restore_pfs_vs_local": {k: v / max(restore["local"], 1e-9) for k, v in restore.items() if k != "local"}}
+
+
+def _median(xs: list):
+    return statistics.median(xs) if xs else None
 
 
 def store_list(ck: Path) -> list:
@@ -176,9 +190,13 @@ def store_list(ck: Path) -> list:
 
 def print_levels(name: str, r: dict) -> None:
     for level, x in r["levels"].items():
+        writes = f"write {x['write_s']:.2f} s"
+        if x["write_delta_s"] is not None:
+            writes = f"write full {x['write_full_s']:.2f} s / delta {x['write_delta_s']:.2f} s"
         print(f"  {name} {level:5}: stall {100 * x['stall_share']:.2f}% of training "
-              f"({1e3 * x['stall_per_checkpoint_s']:.1f} ms a checkpoint; target for local <= 1%), write "
-              f"{x['write_s']:.2f} s, throughput {x['throughput_vs_none']:.3f}x no checkpoints")
+              f"({1e3 * x['stall_per_checkpoint_s']:.1f} ms a checkpoint; target for local <= 1%), {writes}, "
+              f"{x['checkpoints']:g} taken of {x['due']} due ({x['deferred_steps']:g} steps deferred), "
+              f"throughput {x['throughput_vs_none']:.3f}x no checkpoints")
     rs = r["restore_s"]
     print(f"  {name} restore: local {rs['local']:.3f} s; " + ", ".join(
         f"{k} {rs[k]:.3f} s ({r['restore_pfs_vs_local'][k]:.1f}x local)" for k in rs if k != "local")

@@ -313,20 +313,55 @@ def test_kill_9_mid_epoch_then_fewer_workers_reads_every_line_exactly_once(tmp_p
 
 def test_node_local_level_restarts_bit_equal_and_ckpt_ls_shows_it(tmp_path, straight):
     # local checkpoints every 4 steps, the filesystem's only at the end (step 30); that one lost, a
-    # restart takes the newest local step and ends with the straight run's bits
+    # restart takes the newest local step (a delta: only the rows changed since step 24, on a full
+    # one at step 4 and the deltas between) and ends with the straight run's bits
     import subprocess
     import sys
     ck, loc = tmp_path / "ck", tmp_path / "local"
     sets = [f"checkpoint.dir={ck}", f"checkpoint.local_dir={loc}", "checkpoint.local_every=4",
             f"job.export={tmp_path / 'w.npz'}"]
     f = _final(_train(4, sets).stdout)
-    assert f["local_checkpoints"] == [4, 8, 12, 16, 20, 24, 28] and f["checkpoints"] == [30]
-    assert {p.name.split(".")[0] for p in loc.iterdir()} == {"step-000000024", "step-000000028"}   # local_keep=2
+    # due every 4 steps; one whose previous one is still written waits a step or more (never the workers)
+    done = f["local_checkpoints"]
+    assert done[0] == 4 and len(done) >= 4 and min(b - a for a, b in zip(done, done[1:])) >= 4, done
+    assert f["checkpoints"] == [30]
+    # local_keep=2 keeps the newest two, and the chain they build on (local_full_every=10: all from step 4)
+    assert {p.name.split(".")[0] for p in loc.iterdir()} == {f"step-{s:09d}" for s in done}
+    mans = [store.read_manifest(p) for p in loc.iterdir() if p.name.startswith(f"step-{done[-1]:09d}")]
+    assert all(m["kind"] == "delta" and m["chain"] == done for m in mans) and len(mans) == 2
+    full = [store.read_manifest(p)["files"] for p in loc.iterdir() if p.name.startswith("step-000000004")]
+    delta = [m["files"] for m in mans]
+    shard = "ps-00000.h5"
+    assert max(f[shard]["bytes"] for f in delta if shard in f) < min(f[shard]["bytes"] for f in full if shard in f)
     ls = subprocess.run([sys.executable, "-m", "hpcps", "ckpt", "ls", str(ck)], capture_output=True, text=True)
     assert "node-local level on this host" in ls.stdout and "ps 0" in ls.stdout and "dense" in ls.stdout, ls.stdout
     shutil.rmtree(store.step_dir(ck, 30))
     (tmp_path / "w.npz").unlink()
     r = _train(4, sets)
     f = _final(r.stdout)
-    assert f["restored_from"] == "local" and f["start_step"] == 28 and "node-local level" in r.stderr
+    assert f["restored_from"] == "local" and f["start_step"] == done[-1] and "node-local level" in r.stderr
+    _same(tmp_path / "w.npz", straight["adam"])
+
+
+def test_a_local_file_failing_its_check_as_the_ps_loads_it_is_set_aside_and_an_older_step_taken(tmp_path, straight):
+    # a full node-local checkpoint every 3 (chains of full + 2 deltas); the PS's own file of the
+    # newest step flipped: the PS finds it as it loads it (its rows partly overwritten), sets that part
+    # aside, and the job loads the step before, still ending with the straight run's bits
+    ck, loc = tmp_path / "ck", tmp_path / "local"
+    sets = [f"checkpoint.dir={ck}", f"checkpoint.local_dir={loc}", "checkpoint.local_every=4",
+            "checkpoint.local_full_every=3", f"job.export={tmp_path / 'w.npz'}"]
+    done = _final(_train(4, sets).stdout)["local_checkpoints"]
+    kinds = {p.name: store.read_manifest(p)["kind"] for p in loc.iterdir()}
+    assert "full" in kinds.values() and "delta" in kinds.values(), kinds
+    shutil.rmtree(store.step_dir(ck, 30))
+    (tmp_path / "w.npz").unlink()
+    part = next(p for p in loc.iterdir() if p.name.startswith(f"step-{done[-1]:09d}") and (p / "ps-00000.h5").exists())
+    data = bytearray((part / "ps-00000.h5").read_bytes())
+    data[len(data) // 2] ^= 0x10
+    (part / "ps-00000.h5").write_bytes(bytes(data))
+    r = _train(4, sets)
+    f = _final(r.stdout)
+    assert "CRC-32" in r.stderr and "choosing again" in r.stderr, r.stderr[-3000:]
+    assert f["restored_from"] == "local" and f["start_step"] == done[-2]
+    assert part.with_name(part.name + ".bad").is_dir() and not part.exists()
     _same(tmp_path / "w.npz", straight["adam"])

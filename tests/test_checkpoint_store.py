@@ -258,3 +258,53 @@ def test_dir_lock_refuses_a_live_holder_and_takes_over_stale_ones(tmp_path, monk
         holder.wait()
     lock.write_text(json.dumps({**live, "pid": holder.pid}))             # its process is gone
     DirLock(tmp_path).acquire()
+
+
+def test_node_local_files_carry_crc32_and_a_checked_read_fills_the_tables_memory(tmp_path):
+    # the node-local level's checksum (CRC-32) and its one-pass load: every chunk read straight into
+    # the array given for it, every byte through the checksum; a flipped byte in a chunk or in HDF5's
+    # metadata, or a cut file, is a CorruptFile, never arrays
+    import zlib
+
+    import numpy as np
+
+    from hpcps.checkpoint import digest, shards
+    from hpcps.checkpoint.readback import CorruptFile, read_checked
+
+    rng = np.random.default_rng(3)
+    rows = 70_000                                   # several chunks of CHUNK_ROWS rows
+    t = {"ids": np.arange(rows) * 2 + 1, "weights": rng.random((rows, 8), np.float32),
+         "state": {"sum": rng.random((rows, 8), np.float32)}, "applies": 9, "num_rows": 2 * rows, "dim": 8,
+         "optimizer": "Adagrad"}
+    path = tmp_path / "ps-00001.h5"
+    shards.write_shard(path, 5, 1, 2, {"t": t}, algo="crc32")
+    side = (tmp_path / "ps-00001.h5.crc32").read_text()
+    assert side == f"{zlib.crc32(path.read_bytes()):08x}" == digest.of_file(path, "crc32")
+    assert not (tmp_path / "ps-00001.h5.sha256").exists()
+
+    into = np.zeros((rows, 8), np.float32)
+    got = read_checked(path, f"crc32:{side}", {"tables/t/weights": into})
+    assert got["tables/t/weights"] is into
+    np.testing.assert_array_equal(into, t["weights"])
+    np.testing.assert_array_equal(got["tables/t/state/sum"], t["state"]["sum"])
+    np.testing.assert_array_equal(got["tables/t/ids"], t["ids"])
+    assert read_checked(path, f"sha256:{store.sha256(path)}")["tables/t/ids"].size == rows
+
+    data = path.read_bytes()
+    bad = tmp_path / "bad.h5"
+    for at in (len(data) // 2, 200):                # a row's byte; the superblock / object headers
+        flipped = bytearray(data)
+        flipped[at] ^= 0x04
+        bad.write_bytes(bytes(flipped))
+        with pytest.raises(CorruptFile, match="CRC-32"):
+            read_checked(bad, f"crc32:{side}")
+    bad.write_bytes(data[:len(data) - 4096])
+    with pytest.raises(CorruptFile):
+        read_checked(bad, f"crc32:{side}")
+
+    tmp = store.tmp_dir(tmp_path / "ck", 5)         # a commit takes the writer's CRC-32 into the manifest
+    tmp.mkdir(parents=True)
+    os.rename(path, tmp / path.name)
+    os.rename(tmp_path / "ps-00001.h5.crc32", tmp / "ps-00001.h5.crc32")
+    files = store.file_digests(tmp, "crc32")
+    assert files == {"ps-00001.h5": {"bytes": len(data), "crc32": side}}

@@ -8,7 +8,8 @@ from .coordinator import Checkpointer, sharding_names
 from .restore import restore_dense, restore_tables
 from . import local
 from .levels import find_local
+from .readback import CorruptFile
 from .store import list_checkpoints, newest_verified, read_manifest, resolve, verify
 
-__all__ = ["Checkpointer", "restore_tables", "restore_dense", "sharding_names", "find_local", "list_checkpoints", "newest_verified",
+__all__ = ["Checkpointer", "restore_tables", "restore_dense", "sharding_names", "find_local", "CorruptFile", "list_checkpoints", "newest_verified",
            "read_manifest", "resolve", "verify"]

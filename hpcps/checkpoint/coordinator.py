@@ -42,8 +42,8 @@ from .shards import Background, shard_file, write_dense, write_shard
 __all__ = ["Checkpointer", "sharding_names"]
 
 logger = logging.getLogger(__name__)
-REQUEST, COPIED, WRITTEN, ERROR, KIND = 0, 1, 2, 3, 4      # control words; KIND: 0 full, 1 delta, 2 local
-LOCAL = 2
+REQUEST, COPIED, WRITTEN, ERROR, KIND = 0, 1, 2, 3, 4      # control words
+FULL, DELTA, LOCAL, LOCAL_DELTA = 0, 1, 2, 3                # KIND: filesystem full / delta, node-local full / delta
 
 
 class Checkpointer:
@@ -51,7 +51,7 @@ class Checkpointer:
 
     def __init__(self, ctx, tables, root, keep: int, compression: str, meta: dict, full_every: int = 1,
                  dir_mode: int = store.DIR_MODE, file_mode: int = store.FILE_MODE, local_dir: str = "",
-                 local_keep: int = 2):
+                 local_keep: int = 2, local_full_every: int = 1):
         self.ctx, self.tables, self.root = ctx, tables, Path(root)
         self.local_dir, self.local_keep = (Path(local_dir) if local_dir else None), local_keep
         node_workers = [r for r in sorted(ctx.node_ranks) if r in set(ctx.worker_world_ranks)]
@@ -65,10 +65,14 @@ class Checkpointer:
         self._rng_req = None          # workers: the all-gather of the RNG states in flight
         self._deferred = None         # worker 0 / a host's first worker: the dense file waiting for them
         self.local_committed = []     # worker 0: committed local steps
+        self.local_full_every = max(1, int(local_full_every))   # 1: every node-local checkpoint is full
+        self._local_since = None      # workers: local checkpoints since the last full one (None: next is full)
+        self._local_chain = []        # workers and PS: steps the newest local checkpoint builds on, itself last
+        self._chain = []              # PS: ... of the local checkpoint in flight
         self.dir_mode, self.file_mode = dir_mode, file_mode
         self.keep, self.compression, self.meta = keep, compression, meta
         self.full_every = max(1, int(full_every))   # 1: every checkpoint is full
-        if self.full_every > 1 and not all(t.track_dirty for t in tables):
+        if (self.full_every > 1 or self.local_full_every > 1 and self.local_dir) and not all(t.track_dirty for t in tables):
             raise ValueError("incremental checkpoints need tables created with track_dirty=True")
         self._since_full = None                     # worker 0: checkpoints since the last full one
         self._last = None                           # worker 0: name of the last committed checkpoint
@@ -167,10 +171,13 @@ class Checkpointer:
         checkpoints: start chunked copies, :meth:`_copy_chunks`) and start writing them."""
         me = self.ctx.rank
         kind = self._get(me, KIND)
-        self._level = "local" if kind == LOCAL else "pfs"
-        delta = kind == 1
+        self._level = "local" if kind in (LOCAL, LOCAL_DELTA) else "pfs"
+        delta = kind in (DELTA, LOCAL_DELTA)
         self._handled = req
-        dirty = {t.name: t.take_dirty() if t.track_dirty else None for t in self.tables}   # no new marks meanwhile
+        if self._level == "local":
+            self._chain = [*self._local_chain, req] if delta else [req]
+        # no new marks meanwhile; each level takes its own (a row changed since its last checkpoint)
+        dirty = {t.name: t.take_dirty(self._level) if t.track_dirty else None for t in self.tables}
         if self.early and not delta:
             self._chunked = [(t, t.begin_snapshot()) for t in self.tables]
             return
@@ -204,7 +211,7 @@ class Checkpointer:
             path = store.tmp_dir(self.root, req) / shard_file(self.ctx.ps_rank)
         # its error, if any, is reported through the protocol (ERROR word) by the next poll
         self._writer = Background(write_shard, path, req, self.ctx.ps_rank, self.ctx.num_ps, snap,
-                               self.compression, self.file_mode)
+                                  self.compression, self.file_mode, local.ALGO if self._level == "local" else "sha256")
 
     def _commit_ps_part(self) -> None:
         """PS: its own shard and the partner copies are written: commit its local part, or report
@@ -216,8 +223,10 @@ class Checkpointer:
             return
         shards = sorted([self.ctx.ps_rank, *self.partners.received])
         try:
-            local.commit_part(self.local_dir, step, me, {**self._job_fields(step), "shards": shards, "dense": False},
+            local.commit_part(self.local_dir, step, me, {**self._job_fields(step), **_links(self._chain),
+                                                         "shards": shards, "dense": False},
                               self.local_keep, self.file_mode)
+            self._local_chain = self._chain
         except OSError as e:
             logger.error("local checkpoint at step %d: committing failed: %s", step, e)
             self._put(me, ERROR, step)
@@ -247,7 +256,7 @@ class Checkpointer:
             self._step_meta, self._level = meta or {}, level
             self._started[step] = time.perf_counter()
             if local_level:
-                self._kind = "local"
+                self._kind = "local-delta" if self._local_next_delta() else "local"
             else:
                 tmp = store.tmp_dir(self.root, step)
                 if tmp.exists():
@@ -257,8 +266,12 @@ class Checkpointer:
                 delta = self._since_full is not None and self._since_full + 1 < self.full_every
                 self._kind = "delta" if delta else "full"
             for r in self.ctx.ps_world_ranks:
-                self._put(r, KIND, LOCAL if local_level else {"delta": 1, "full": 0}[self._kind])
+                self._put(r, KIND, {"full": FULL, "delta": DELTA, "local": LOCAL, "local-delta": LOCAL_DELTA}[self._kind])
                 self._put(r, REQUEST, step)
+        if local_level:                 # every worker follows the chain (a host's first one writes it down)
+            delta = self._local_next_delta()
+            self._local_since = self._local_since + 1 if delta else 0
+            self._local_chain = [*self._local_chain, step] if delta else [step]
         self._gather_rngs()
         if not self.early:
             self._wait_copied(step)
@@ -277,6 +290,15 @@ class Checkpointer:
         self.stall_seconds.append(time.perf_counter() - t0)
         if not self.early:             # the workers leave the cut together (they waited for the copies)
             self.ctx.worker_comm.Barrier()
+
+    def _local_next_delta(self) -> bool:
+        """Whether the next node-local checkpoint holds only the rows changed since the previous
+        one (``local_full_every`` > 1; the first one of a run is full). Local."""
+        return self._local_since is not None and self._local_since + 1 < self.local_full_every
+
+    def in_flight(self) -> bool:
+        """Whether a checkpoint this worker takes part in writing is not committed yet. Local."""
+        return self._pending is not None or self._local_pending is not None or self._deferred is not None
 
     def _wait_copied(self, step: int) -> None:
         """Until every PS copied its shards for the checkpoint at ``step``."""
@@ -311,7 +333,8 @@ class Checkpointer:
             level, path, step, (model_state, optim_state, extra) = self._deferred
             self._deferred = None
             extra = {**extra, "torch_rng": self._rngs}
-            writer = Background(write_dense, path, step, model_state, optim_state, extra, self.file_mode)
+            writer = Background(write_dense, path, step, model_state, optim_state, extra, self.file_mode,
+                                local.ALGO if level == "local" else "sha256")
             if level == "local":
                 self._dense_writer = writer
             else:
@@ -345,8 +368,8 @@ class Checkpointer:
         if w.error is not None:
             raise HpcpsError(f"local checkpoint at step {step}: writing dense.h5 failed: {w.error}") from w.error
         local.commit_part(self.local_dir, step, self.ctx.rank,
-                          {**self.meta, **self._local_meta, **self._job_fields(step), "shards": [], "dense": True},
-                          self.local_keep, self.file_mode)
+                          {**self.meta, **self._local_meta, **self._job_fields(step), **_links(self._local_chain),
+                           "shards": [], "dense": True}, self.local_keep, self.file_mode)
         return True
 
     def _ps_done(self, step: int) -> bool:
@@ -377,7 +400,7 @@ class Checkpointer:
         if self._level == "local":
             self._pending = None
             self.local_committed.append(step)
-            self.timings.append({"step": step, "kind": "local", "bytes": None, "stall_s": self.stall_seconds[-1],
+            self.timings.append({"step": step, "kind": self._kind, "bytes": None, "stall_s": self.stall_seconds[-1],
                                  "write_s": time.perf_counter() - self._started.pop(step)})
             return True
         if self._writer is not None and self._writer.error is not None:
@@ -418,6 +441,12 @@ class Checkpointer:
     def free(self) -> None:
         """Collective over the world."""
         self._win.free()
+
+
+def _links(chain: list) -> dict:
+    """A node-local part's manifest fields of its chain: ``kind`` and ``chain`` (the steps whose
+    parts a restore reads, the full one first, this one last)."""
+    return {"kind": "delta" if len(chain) > 1 else "full", "chain": list(chain)}
 
 
 def sharding_names(tables):

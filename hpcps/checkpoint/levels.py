@@ -1,13 +1,19 @@
 """Which checkpoint level a restart loads, and the rebuild of a lost host's local files.
 
-Every host's first rank lists the committed parts in its ``local_dir`` (each verified against its
-checksums); the lists are gathered over the world. A step of the local level is complete when
+Every host's first rank lists the committed parts in its ``local_dir`` (their manifests); the
+lists are gathered over the world. A step of the local level is complete when
 every PS shard of the job's layout (the same number of PS and the same placement) is in some
 host's part, and some host has the dense part. The newest complete step is taken when it is at
 least as new as the filesystem's newest verified checkpoint. Then each PS whose host lacks its
 shard gets it from a host that has it (its own part elsewhere, or a partner copy), and each host
 without a dense part gets one; what arrives is committed as a part on the receiving host, so the
 level is whole again.
+
+Only the files a restart reads are checked against their checksums, by the rank that reads or
+sends them (a worker the dense file, a sender what it sends; a receiver checks what arrives; a PS
+its shard while it loads it, :mod:`hpcps.checkpoint.readback`): not every kept part, which at a GB a shard was most of a restart. A file that
+fails marks its part bad, and the choice is made again without it (an older step, a partner
+copy, or the filesystem level).
 """
 
 import logging
@@ -16,7 +22,8 @@ from pathlib import Path
 
 from mpi4py import MPI
 
-from . import local
+from ..core.wait import quiet_barrier
+from . import local, store
 from .partner import recv_file, send_file
 from .shards import shard_file
 
@@ -28,19 +35,20 @@ logger = logging.getLogger(__name__)
 @dataclass
 class LocalFound:
     """A restart from the node-local level: ``path`` (a dense part on this host: its manifest is the
-    checkpoint's), ``own`` (a PS: the path of its shard file on this host), ``step``,
-    ``rebuilt`` (files copied from other hosts, over the job)."""
+    checkpoint's), ``own`` (a PS: the paths of its shard files on this host, of each step of the
+    chain: the full one first), ``step``, ``rebuilt`` (files copied from other hosts, over the job)."""
 
     path: Path
-    own: Path | None
+    own: list | None
     step: int
     rebuilt: int
 
 
 def _inventory(root) -> list:
-    """This host's verified parts: ``[(step, path, shards, dense, manifest without files)]``."""
+    """This host's committed parts whose manifests read: ``[(step, path, shards, dense, manifest
+    without files)]`` (their files are checked once chosen: :func:`_check`)."""
     out = []
-    for part in local.scan(root):
+    for part in local.scan(root, check=False):
         if not part["ok"]:
             logger.warning("hpcps: skipping local checkpoint part %s", part["why"])
             continue
@@ -49,76 +57,102 @@ def _inventory(root) -> list:
     return out
 
 
-def _complete(hosts: dict, num_ps: int, sharding, job_dir: str) -> dict | None:
-    """The newest complete step of the job whose ``checkpoint.dir`` is ``job_dir``:
-    ``{"step", "shards": {p: [(host, path, manifest)]}, "dense": [...]}``."""
-    steps = sorted({s for inv in hosts.values() for s, *_ in inv}, reverse=True)
-    for step in steps:
-        shards, dense = {}, []
-        for host, inv in sorted(hosts.items()):
-            for s, path, held, has_dense, man in inv:
-                if (s != step or man.get("num_ps") != num_ps or man.get("sharding") != sharding
-                        or man.get("checkpoint_dir") != job_dir):
-                    continue
-                for p in held:
-                    shards.setdefault(p, []).append((host, path, man))
-                if has_dense:
-                    dense.append((host, path, man))
-        if dense and all(p in shards for p in range(num_ps)):
-            return {"step": step, "shards": shards, "dense": dense}
+def _complete(hosts: dict, num_ps: int, sharding, job_dir: str, bad=frozenset()) -> dict | None:
+    """The newest complete step of the job whose ``checkpoint.dir`` is ``job_dir``, without the
+    parts ``bad`` (``(host, path)``): a dense part at it, and every PS shard at every step of its
+    chain (an incremental part builds on the parts of its ``chain``: a full one, then deltas):
+    ``{"step", "chain", "held": {(step, p): [(host, path, manifest)]}, "dense": [...]}``."""
+    held, dense, chains = {}, {}, {}
+    for host, inv in sorted(hosts.items()):
+        for s, path, shards, has_dense, man in inv:
+            if (man.get("num_ps") != num_ps or man.get("sharding") != sharding
+                    or man.get("checkpoint_dir") != job_dir or (host, path) in bad):
+                continue
+            for p in shards:
+                held.setdefault((s, p), []).append((host, path, man))
+            if has_dense:
+                dense.setdefault(s, []).append((host, path, man))
+                chains.setdefault(s, [int(c) for c in man.get("chain", [s])])
+    for step in sorted(dense, reverse=True):
+        chain = chains[step]
+        if all((c, p) in held for c in chain for p in range(num_ps)):
+            return {"step": step, "chain": chain, "held": held, "dense": dense[step]}
     return None
 
 
 def _plan(ctx, found: dict) -> list:
-    """``[(source world rank, source file, destination world rank, shard or None for dense, manifest)]``:
-    what travels so every PS has its shard and every host a dense part on its own host."""
+    """``[(source world rank, source file, destination world rank, shard or None for dense,
+    manifest, step)]``: what travels so every PS has its shard of every step of the chain, and
+    every host a dense part, on its own host."""
     node = ctx.node_of_rank
     moves = []
     for p, r in enumerate(ctx.ps_world_ranks):
-        have = found["shards"][p]
-        if not any(host == node[r] for host, _, _ in have):
-            host, path, man = have[0]
-            moves.append((host, str(Path(path) / shard_file(p)), r, p, man))
+        for c in found["chain"]:
+            have = found["held"][(c, p)]
+            if not any(host == node[r] for host, _, _ in have):
+                host, path, man = have[0]
+                moves.append((host, str(Path(path) / shard_file(p)), r, p, man, c))
     host, path, man = found["dense"][0]
     for n in sorted(set(node)):
         if not any(h == n for h, _, _ in found["dense"]):
-            moves.append((host, str(Path(path) / "dense.h5"), n, None, man))
+            moves.append((host, str(Path(path) / "dense.h5"), n, None, man, found["step"]))
     return moves
 
 
-def _move(ctx, root, step: int, moves: list, keep: int, file_mode: int) -> None:
-    """Carry out the plan: sources send (node leaders hold the files), destinations write and
-    commit one rebuilt part each. Collective over the world (every rank walks the same plan)."""
+def _move(ctx, root, moves: list, keep: int, file_mode: int) -> None:
+    """Carry out the plan: sources send (node leaders hold the files), destinations write what
+    arrives (each file's head names its step and shard) and commit one rebuilt part per step.
+    Collective over the world (every rank walks the same plan)."""
     me, world = ctx.rank, ctx.world
-    sends = [send_file(world, dst, step, -1 if p is None else p, src_file, _digest(src_file))
-             for src, src_file, dst, p, _ in moves if src == me]
-    mine = [(src, p, man) for src, _, dst, p, man in moves if dst == me]
-    if mine:
-        copy = local.free_copy(root, step, me)
-        tmp = local.part_tmp(root, step, me, copy)
-        tmp.mkdir(parents=True, exist_ok=True)
-        shards, fields = [], {}
-        for src, p, man in mine:
-            _, shard, data, digest = recv_file(world, src)
-            name = "dense.h5" if p is None else shard_file(p)
-            local.write_bytes(tmp / name, data, digest, file_mode)
-            if p is None:
-                fields = man
-            else:
-                shards.append(p)
-                fields = fields or man
-        manifest = {**fields, "shards": sorted(shards), "dense": any(p is None for _, p, _ in mine), "rebuilt": True}
+    sends = [send_file(world, dst, c, -1 if p is None else p, src_file, local.sidecar(src_file))
+             for src, src_file, dst, p, _, c in moves if src == me]
+    parts = {}                      # step -> (copy, tmp, shards, dense, manifest fields)
+    for src, _, dst, _, man, c in moves:
+        if dst != me:
+            continue
+        step, shard, data, digest = recv_file(world, src)
+        if step not in parts:
+            copy = local.free_copy(root, step, me)
+            tmp = local.part_tmp(root, step, me, copy)
+            tmp.mkdir(parents=True, exist_ok=True)
+            parts[step] = (copy, tmp, [], [False], dict(man))
+        copy, tmp, shards, dense, fields = parts[step]
+        local.write_bytes(tmp / ("dense.h5" if shard < 0 else shard_file(shard)), data, digest, file_mode)
+        if shard < 0:
+            dense[0] = True
+            fields.update(man)          # a dense part's manifest: the checkpoint's (config, data plan)
+        else:
+            shards.append(shard)
+    for step, (copy, tmp, shards, dense, fields) in sorted(parts.items()):
+        manifest = {**fields, "shards": sorted(shards), "dense": dense[0], "rebuilt": True}
         local.commit_part(root, step, me, manifest, keep, file_mode, copy)
     for reqs, *_ in sends:
         MPI.Request.Waitall(reqs)
 
 
-def _digest(path) -> str:
-    side = Path(f"{path}.sha256")
-    if side.exists():
-        return side.read_text().strip()
-    from .store import read_manifest
-    return read_manifest(Path(path).parent)["files"][Path(path).name]["sha256"]
+def _reads(ctx, found: dict, moves: list) -> list:
+    """``[(host, part, file)]``: what this rank reads from its own host (a worker the dense file)
+    or sends, to be checked first."""
+    me, node = ctx.rank, ctx.node_of_rank[ctx.rank]
+    out = [(src, str(Path(f).parent), Path(f).name) for src, f, *_ in moves if src == me]
+    if ctx.is_worker:       # a PS checks its own file as it loads it (hpcps.checkpoint.readback)
+        here = [x for x in found["dense"] if x[0] == node]
+        if here:
+            out.append((here[0][0], here[0][1], "dense.h5"))
+    return out
+
+
+def _check(ctx, found: dict, moves: list) -> set:
+    """Every rank checks the files it reads or sends against their parts' checksums; the parts
+    that failed anywhere, ``{(host, path)}``. Collective over the world."""
+    failed = []
+    for host, part, name in _reads(ctx, found, moves):
+        ok, why = store.verify(part, only=[name])
+        if not ok:
+            logger.warning("hpcps: local checkpoint part %s: %s", part, why)
+            failed.append((host, part))
+    quiet_barrier(ctx.world)
+    return {tuple(x) for f in ctx.world.allgather(failed) for x in f}
 
 
 def find_local(ctx, root, job_dir, sharding, keep: int, file_mode: int, newer_than: int = -1) -> LocalFound | None:
@@ -129,17 +163,26 @@ def find_local(ctx, root, job_dir, sharding, keep: int, file_mode: int, newer_th
     lead = ctx.node_comm.Get_rank() == 0
     me = ctx.rank
     inv = _inventory(root) if lead else None
+    quiet_barrier(ctx.world)                    # the others sleep while the leaders list
     hosts = {n: i for n, i in ctx.world.allgather((ctx.node_of_rank[me], inv)) if i is not None}
-    found = _complete(hosts, ctx.num_ps, sharding, str(Path(job_dir).resolve()))
-    if found is None or found["step"] < newer_than:
-        return None
+    bad = set()
+    while True:
+        found = _complete(hosts, ctx.num_ps, sharding, str(Path(job_dir).resolve()), bad)
+        if found is None or found["step"] < newer_than:
+            return None
+        moves = _plan(ctx, found)
+        failed = _check(ctx, found, moves)
+        if not failed:
+            break
+        bad |= failed
     step = found["step"]
-    moves = _plan(ctx, found)
-    _move(ctx, root, step, moves, keep, file_mode)
+    _move(ctx, root, moves, keep, file_mode)
     ctx.node_comm.Barrier()                     # every rebuilt part of this host is committed
-    parts = [p for p in local.scan(root, check=False) if p["step"] == step]
-    dense = next(p["path"] for p in parts if p["manifest"].get("dense"))
+    node = ctx.node_of_rank[me]
+    good = [p for p in local.scan(root, check=False) if (node, str(p["path"])) not in bad]
+    dense = next(p["path"] for p in good if p["step"] == step and p["manifest"].get("dense"))
     own = None
-    if ctx.is_ps:
-        own = next(p["path"] / shard_file(ctx.ps_rank) for p in parts if ctx.ps_rank in p["manifest"].get("shards", []))
+    if ctx.is_ps:                               # its file of each step of the chain, the full one first
+        own = [next(p["path"] / shard_file(ctx.ps_rank) for p in good
+                    if p["step"] == c and ctx.ps_rank in p["manifest"].get("shards", [])) for c in found["chain"]]
     return LocalFound(dense, own, step, len(moves))

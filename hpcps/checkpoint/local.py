@@ -2,7 +2,7 @@
 
     <checkpoint.local_dir>/                 on every host (node-local: /dev/shm, a local SSD)
         step-000000010.r00003/              world rank 3's part of checkpoint 10, committed
-            manifest.json                   step, num_ps, num_workers, tables, files (SHA-256),
+            manifest.json                   step, num_ps, num_workers, tables, files (CRC-32),
                                             "shards": the PS indices of its ps-*.h5 files,
                                             "dense": whether it holds dense.h5; a worker's part
                                             also has the job's manifest fields (config, data plan)
@@ -11,8 +11,8 @@
                                             every worker)
         step-000000010.r00003.tmp/          being written (ignored, removed later)
 
-Each part is committed as a checkpoint is (files hashed by their writer, a manifest, fsync, one
-``rename``), by its writer alone: no rank waits for another host's disk. A restart gathers every
+Each part is committed as a checkpoint is (files hashed by their writer, with CRC-32 here:
+:mod:`hpcps.checkpoint.digest`; a manifest, fsync, one ``rename``), by its writer alone: no rank waits for another host's disk. A restart gathers every
 host's committed parts and takes the newest step that has every PS shard somewhere and a dense
 part (:mod:`hpcps.checkpoint.levels`). No MPI here: every function is local.
 """
@@ -23,9 +23,9 @@ import re
 import shutil
 from pathlib import Path
 
-from . import store
+from . import digest, store
 
-__all__ = ["part_dir", "part_tmp", "free_copy", "commit_part", "scan", "prune", "drop_after", "write_bytes"]
+__all__ = ["part_dir", "part_tmp", "free_copy", "commit_part", "scan", "prune", "drop_after", "set_aside", "write_bytes", "sidecar", "ALGO"]
 
 _PART = re.compile(r"^step-(\d{9,})\.r(\d+)(-\d+)?$")
 
@@ -47,17 +47,34 @@ def free_copy(root, step: int, rank: int) -> int:
     return k
 
 
-def write_bytes(path, data, digest: str, file_mode: int = store.FILE_MODE) -> None:
-    """A received file: ``data`` to ``path`` (fsynced), and its SHA-256 ``digest`` (the sender's)
-    beside it for the commit; raises ``OSError`` when the bytes do not hash to it. Local."""
-    if store.sha256_bytes(data) != digest:
-        raise OSError(f"{path}: the bytes received do not match the sender's SHA-256")
+ALGO = "crc32"        # the level's checksum (hpcps.checkpoint.digest)
+
+
+def sidecar(path) -> str:
+    """The checksum a writer left beside ``path``, tagged ``"<algo>:<hex>"``; else its manifest's
+    entry (a committed part). Local."""
+    for algo in digest.ALGOS:
+        side = Path(f"{path}.{algo}")
+        if side.exists():
+            return f"{algo}:{side.read_text().strip()}"
+    entry = store.read_manifest(Path(path).parent)["files"][Path(path).name]
+    algo = digest.algo_of(entry)
+    return f"{algo}:{entry[algo]}"
+
+
+def write_bytes(path, data, tagged: str, file_mode: int = store.FILE_MODE) -> None:
+    """A received file: ``data`` to ``path`` (fsynced), and its checksum ``tagged`` (the sender's,
+    ``"<algo>:<hex>"``) beside it for the commit; raises ``OSError`` when the bytes do not hash to
+    it. Local."""
+    algo, _, value = tagged.partition(":")
+    if algo not in digest.ALGOS or digest.of_bytes(data, algo) != value:
+        raise OSError(f"{path}: the bytes received do not match the sender's checksum ({tagged!r})")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, file_mode)
     with os.fdopen(fd, "wb") as f:
         f.write(memoryview(data))
         f.flush()
         os.fsync(f.fileno())
-    Path(f"{path}.sha256").write_text(digest)
+    Path(f"{path}.{algo}").write_text(value)
 
 
 def commit_part(root, step: int, rank: int, manifest: dict, keep: int, file_mode: int = store.FILE_MODE,
@@ -65,7 +82,7 @@ def commit_part(root, step: int, rank: int, manifest: dict, keep: int, file_mode
     """Commit world rank ``rank``'s part of checkpoint ``step`` (its files in :func:`part_tmp`), then
     prune this host's parts to the newest ``keep`` steps. Local."""
     tmp, final = part_tmp(root, step, rank, copy), part_dir(root, step, rank, copy)
-    files = store.file_digests(tmp)
+    files = store.file_digests(tmp, ALGO)
     store.write_new(tmp / store.MANIFEST, store.dumps({**manifest, "files": files, "level": "local"}), file_mode)
     store.fsync_path(tmp)
     if final.exists():                      # a part rebuilt at the same step and rank: the new one wins
@@ -106,6 +123,14 @@ def _remove(path: Path) -> None:
         shutil.rmtree(gone, ignore_errors=True)
 
 
+def set_aside(part) -> None:
+    """A committed part that failed its check while loaded: renamed ``<part>.bad`` (kept for a
+    look, out of the part namespace: no restart takes it again). Local."""
+    part = Path(part)
+    with contextlib.suppress(OSError):
+        os.rename(part, part.with_name(part.name + ".bad"))
+
+
 def drop_after(root, step: int, job_dir) -> None:
     """A job of ``checkpoint.dir`` ``job_dir`` goes on from ``step``: remove this host's parts of
     its later steps (written before a failure, they belong to a run that is abandoned). Local."""
@@ -116,15 +141,18 @@ def drop_after(root, step: int, job_dir) -> None:
 
 def prune(root, keep: int, job_dir=None) -> None:
     """Keep this host's parts of the newest ``keep`` steps (0: all) of the job whose
-    ``checkpoint.dir`` is ``job_dir``; remove its older parts and the unfinished parts of older
-    steps (a kill mid-write). Local."""
+    ``checkpoint.dir`` is ``job_dir``, and of the steps their chains build on (an incremental
+    part needs its full one and the deltas between); remove its other parts and the unfinished
+    parts of older steps (a kill mid-write). Local."""
     parts = [p for p in scan(root, check=False) if job_dir is None or p["manifest"].get("checkpoint_dir") == job_dir]
     steps = sorted({p["step"] for p in parts})
     if keep <= 0 or not steps:
         return
-    oldest_kept = steps[-keep] if len(steps) >= keep else steps[0]
+    kept = set(steps[-keep:])
+    needed = kept | {s for p in parts if p["step"] in kept for s in p["manifest"].get("chain", [])}
+    oldest_kept = min(needed)
     for p in parts:
-        if p["step"] < oldest_kept:
+        if p["step"] not in needed:
             _remove(p["path"])
     for stale in [*Path(root).glob("step-*.r*.tmp"), *Path(root).glob("step-*.r*.del")]:
         m = re.match(r"^step-(\d{9,})\.", stale.name)

@@ -3,24 +3,22 @@ another host, so a host lost with its local disk can be rebuilt from the others.
 
 The partner of PS ``p`` is the first PS after it (in PS order, wrapping) on another host; every
 PS computes the same map from the node layout, so it knows whom it sends to and whom it receives
-from. A file travels as a head (step, shard, bytes, SHA-256) and pieces of at most 1 GiB, over
+from. A file travels as a head (step, shard, bytes, checksum) and pieces of at most 1 GiB, over
 the world communicator with tags of their own, driven by the PS's serve loop (non-blocking:
 the PS keeps applying while they travel); the receiver checks the hash and writes the file.
 """
 
-import os
-
 import numpy as np
 from mpi4py import MPI
 
-from .local import write_bytes
+from .local import sidecar, write_bytes
 from .shards import Background, shard_file
 
 __all__ = ["partner_map", "Partners", "send_file", "recv_file", "TAG"]
 
 TAG = 0x6870              # heads; pieces: TAG + 1
 PIECE = 1 << 30
-_HEAD = 3 * 8 + 64        # step, shard, bytes (int64), then the SHA-256 as 64 hex bytes
+_HEAD = 3 * 8 + 80        # step, shard, bytes (int64), then "<algo>:<hex digest>" (local.tagged)
 
 
 def partner_map(ps_nodes) -> list:
@@ -33,7 +31,7 @@ def partner_map(ps_nodes) -> list:
 def _head(step: int, shard: int, nbytes: int, digest: str) -> np.ndarray:
     head = np.zeros(_HEAD, np.uint8)
     head[:24] = np.array([step, shard, nbytes], np.int64).view(np.uint8)
-    head[24:] = np.frombuffer(digest.encode().ljust(64), np.uint8)
+    head[24:] = np.frombuffer(digest.encode().ljust(_HEAD - 24), np.uint8)
     return head
 
 
@@ -91,10 +89,10 @@ class Partners:
             self._heads[p] = (head, self.comm.Irecv([head, MPI.BYTE], self.ps_world_ranks[p], TAG))
 
     def send(self, shard: int, path) -> None:
-        """This PS's own file is written: send it (with its hash) to the partner, if any."""
+        """This PS's own file is written: send it (with its checksum) to the partner, if any."""
         if self.partner is None:
             return
-        digest = open(f"{path}.sha256").read().strip() if os.path.exists(f"{path}.sha256") else ""
+        digest = sidecar(path)
         self._sending = send_file(self.comm, self.ps_world_ranks[self.partner], self.step, shard, path, digest)
 
     def progress(self) -> bool:

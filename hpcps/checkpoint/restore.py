@@ -5,7 +5,8 @@ from pathlib import Path
 import numpy as np
 
 from ..core.sharding import logical_tables
-from . import store
+from . import local, store
+from .readback import read_checked
 from .shards import read_dense, read_rows, shard_applies, shard_file
 
 __all__ = ["restore_tables", "restore_dense"]
@@ -45,8 +46,9 @@ def restore_tables(path, ctx, tables, own=None) -> int:
     """PS ranks: load this rank's rows (any old num_ps) into the tables, following an incremental
     checkpoint back to its full baseline. Returns the step. Local.
 
-    ``own``: the path of this PS's own shard file (a node-local checkpoint of the same PS count
-    and placement: the file holds exactly its rows); ``path`` then gives the manifest.
+    ``own``: the paths of this PS's own shard files (a node-local checkpoint of the same PS count
+    and placement: the full one holds exactly its rows, then the deltas of its chain, in order);
+    ``path`` then gives the manifest.
 
     A table-batched table (``segments``) restores from its logical tables stored apart, and a
     table from its segment of a table-batched one: rows are matched by name and row id."""
@@ -55,18 +57,52 @@ def restore_tables(path, ctx, tables, own=None) -> int:
     specs = {t["name"]: t for t in man["tables"]}
     sources = {t.name: _sources(path, specs, t) for t in tables}      # every rank checks, then PS ranks load
     if ctx.is_ps:
+        loaded = _load_own([Path(f) for f in own], tables, sources) if own is not None else {}
         for t in tables:
             files = [[Path(link) / shard_file(p) for p in range(store.read_manifest(link)["num_ps"])]
-                     for link in links] if own is None else [[Path(own)]]
+                     for link in links] if own is None else [[Path(f)] for f in own]
             applies = max(shard_applies(f, name) for f in files for name, *_ in sources[t.name])
+            for i, chunk in enumerate(loaded.get(t.name, [])):
+                filled = t.restore([chunk], applies)
+                if i == 0 and filled != t.shard().shape[0]:
+                    raise ValueError(f"checkpoint table {t.name!r}: found {filled} of this PS's "
+                                     f"{t.shard().shape[0]} rows")
+            if t.name in loaded:
+                continue
+            # a full checkpoint of the same layout: the rows and state are read straight into the table
+            into = t.restore_targets() if len(sources[t.name]) == 1 else None
             for i, paths in enumerate(files):
                 filled = sum(t.restore(read_rows(paths, name, t.sharding, ctx.ps_rank, t.dim, t.state_names,
-                                                 span=(first, first + n), shift=shift), applies)
+                                                 span=(first, first + n), shift=shift,
+                                                 into=into if i == 0 else None), applies)
                              for name, first, n, shift in sources[t.name])
                 if i == 0 and filled != t.shard().shape[0]:     # a full checkpoint holds every row
                     raise ValueError(f"checkpoint table {t.name!r}: found {filled} of this PS's "
                                      f"{t.shard().shape[0]} rows")
     return int(man["step"])
+
+
+def _load_own(files: list, tables, sources) -> dict:
+    """A PS's own node-local files (the full one: its rows, in its order; then the deltas): each
+    read and checked in one pass (:func:`hpcps.checkpoint.readback.read_checked`), the full one of
+    the tables stored as they are in the job straight into their memory. ``{table name:
+    [(ids, weights, state) per file]}`` of those tables (the others, fused or split since, go
+    through :func:`read_rows` from the checked files). Raises
+    :class:`~hpcps.checkpoint.readback.CorruptFile`. Local."""
+    exact = [t for t in tables if sources[t.name] == [(t.name, 0, t.num_rows, 0)]]
+    targets = {f"tables/{t.name}/{'weights' if k == 'weights' else 'state/' + k}": v
+               for t in exact for k, v in t.restore_targets().items()}
+    out = {t.name: [] for t in exact}
+    for i, f in enumerate(files):
+        arrays = read_checked(f, local.sidecar(f), targets if i == 0 else {})
+        for t in exact:
+            g = f"tables/{t.name}"
+            missing = [k for k in t.state_names if f"{g}/state/{k}" not in arrays]
+            if missing:
+                raise ValueError(f"checkpoint table {t.name!r} lacks optimizer state {missing}")
+            out[t.name].append((arrays[f"{g}/ids"], arrays[f"{g}/weights"],
+                                {k: arrays[f"{g}/state/{k}"] for k in t.state_names}))
+    return out
 
 
 def restore_dense(path, model, optimizer, rank: int | None = None) -> None:

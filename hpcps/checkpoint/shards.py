@@ -3,7 +3,6 @@ read them), never pickle. Local."""
 
 import contextlib
 import errno
-import hashlib
 import json
 import os
 import threading
@@ -12,6 +11,7 @@ import h5py
 import numpy as np
 from h5py import h5d, h5p
 
+from . import digest
 from .store import FILE_MODE, fsync_path
 
 __all__ = ["write_shard", "read_rows", "shard_applies", "write_dense", "read_dense", "shard_file"]
@@ -83,13 +83,14 @@ class _File:
         ds.id.chunk_iter(add)
         return ds
 
-    def write_and_hash(self, path) -> str:
+    def write_and_hash(self, path, algo: str = "sha256") -> str:
         """After h5py closed the file: write the bulk blocks from a thread while this one hashes
         the whole file in order (the blocks from memory, the bytes h5py wrote between them from
-        the file); both release the GIL, so hashing hides behind the write. Returns the SHA-256."""
+        the file); both release the GIL, so hashing hides behind the write. Returns the digest
+        (``algo``: :mod:`hpcps.checkpoint.digest`)."""
         blocks = sorted(((off, memoryview(b).cast("B")) for off, b in self.raw), key=lambda x: x[0])
         writer = Background(self._pwrite_all, path, blocks)
-        h = hashlib.sha256()
+        h = digest.new(algo)
         with open(path, "rb") as f:
             pos = 0
             for offset, view in blocks:
@@ -116,9 +117,9 @@ class _File:
 
 
 @contextlib.contextmanager
-def _create(path, payload: int, datasets: int, file_mode: int = FILE_MODE):
+def _create(path, payload: int, datasets: int, file_mode: int = FILE_MODE, algo: str = "sha256"):
     """Write an HDF5 file to ``path`` (see ``_File``), hashing it while its bulk is written,
-    fsync it, and leave ``<path>.sha256`` for the commit.
+    fsync it, and leave ``<path>.<algo>`` (its checksum) for the commit.
 
     A full disk must be a clear ``OSError`` and never a half-written file that looks whole: the
     free space is checked first against the payload plus HDF5's overhead, and a write that fails
@@ -138,7 +139,7 @@ def _create(path, payload: int, datasets: int, file_mode: int = FILE_MODE):
         with h5py.File(path, "w", locking=False) as f:
             out = _File(f)
             yield out
-        digest = out.write_and_hash(path)
+        value = out.write_and_hash(path, algo)
         fsync_path(path)
     except Exception as e:
         with contextlib.suppress(OSError):
@@ -148,16 +149,16 @@ def _create(path, payload: int, datasets: int, file_mode: int = FILE_MODE):
         raise OSError(errno.EIO, f"writing {path} failed: {e}") from e
     # the writer hashes its own file (in parallel on every PS) so the commit need not read it back;
     # a later verify reads it again, so a bad write is caught there
-    with open(f"{path}.sha256", "w") as side:
-        side.write(digest)
+    with open(f"{path}.{algo}", "w") as side:
+        side.write(value)
 
 
 def write_shard(path, step: int, ps: int, num_ps: int, tables: dict, compression: str = "",
-                file_mode: int = FILE_MODE) -> None:
+                file_mode: int = FILE_MODE, algo: str = "sha256") -> None:
     """One PS's snapshot: ``tables[name] = {"ids", "weights", "state": {k: array}, "applies",
     "num_rows", "dim", "optimizer"}``. Local."""
     arrays = [a for t in tables.values() for a in (t["ids"], t["weights"], *t["state"].values())]
-    with _create(path, _payload(arrays), len(arrays), file_mode) as out:
+    with _create(path, _payload(arrays), len(arrays), file_mode, algo) as out:
         f = out.f
         f.attrs.update({"step": step, "ps_rank": ps, "num_ps": num_ps, "format": "hpcps-shard-1"})
         for name, t in tables.items():
@@ -179,13 +180,19 @@ def shard_applies(paths, name: str) -> int:
     return applies
 
 
-def _whole(ds, path) -> np.ndarray:
-    """All of dataset ``ds`` of file ``path``. An uncompressed chunked dataset (what
-    :class:`_File` writes) is read chunk by chunk with ``os.preadv`` straight into the array: h5py's
-    own read of a 1 GB shard took ~3x as long. Anything else through h5py. Local."""
+def _whole(ds, path, into=None) -> np.ndarray:
+    """All of dataset ``ds`` of file ``path``, read into ``into`` when that is an array of its
+    shape and type (memory already in use: no fresh pages to fault in, ~3 s a GB on this VM). An
+    uncompressed chunked dataset (what :class:`_File` writes) is read chunk by chunk with
+    ``os.preadv`` straight into the array: h5py's own read of a 1 GB shard took ~3x as long.
+    Anything else through h5py. Local."""
+    fits = into is not None and into.shape == ds.shape and into.dtype == ds.dtype and into.flags.c_contiguous
     if ds.chunks is None or ds.compression is not None or ds.id.get_create_plist().get_nfilters() or ds.size == 0:
+        if fits:
+            ds.read_direct(into)
+            return into
         return ds[...]
-    out = np.empty(ds.shape, ds.dtype)
+    out = into if fits else np.empty(ds.shape, ds.dtype)
     flat = out.reshape(out.shape[0], -1).view(np.uint8)
     rows = ds.chunks[0]
     spans = []
@@ -206,13 +213,14 @@ def _whole(ds, path) -> np.ndarray:
     return out
 
 
-def read_rows(paths, name: str, sharding, ps: int, dim: int, state_names, span=None, shift: int = 0):
+def read_rows(paths, name: str, sharding, ps: int, dim: int, state_names, span=None, shift: int = 0, into=None):
     """Yield ``(ids, weights, state)`` of the rows of table ``name`` that PS ``ps`` owns under
     ``sharding``, from every shard file, whatever number of PS wrote them and however they were
     placed (rows are matched by global id): one chunk per file, what
     :meth:`hpcps.EmbeddingTable.restore` takes. ``span = (lo, hi)``: only the checkpoint's ids in
     ``[lo, hi)``, each as job id ``id + shift`` (one logical table of a table-batched table, or
-    into one). Local."""
+    into one). ``into``: the PS's arrays (``restore_targets``) that a file of exactly its rows, in
+    its order, is read straight into. Local."""
     for path in paths:
         with h5py.File(path, "r", locking=False) as f:
             g = f[f"tables/{name}"]
@@ -229,19 +237,21 @@ def read_rows(paths, name: str, sharding, ps: int, dim: int, state_names, span=N
             if not mine.any():
                 continue
             if mine.all():              # this PS's own file (the same layout): no copy through a mask
-                yield ids, _whole(g["weights"], path), {k: _whole(g[f"state/{k}"], path) for k in state_names}
+                dst = into if into and sharding.in_order(ps, ids) else {}   # its order too
+                yield ids, _whole(g["weights"], path, dst.get("weights")), \
+                    {k: _whole(g[f"state/{k}"], path, dst.get(k)) for k in state_names}
                 continue
             yield (ids[mine], g["weights"][...][mine],
                    {k: g[f"state/{k}"][...][mine] for k in state_names})
 
 
 def write_dense(path, step: int, model_state: dict, optim_state: dict, extra: dict,
-                file_mode: int = FILE_MODE) -> None:
+                file_mode: int = FILE_MODE, algo: str = "sha256") -> None:
     """Worker 0's snapshot: model tensors, the torch optimizer's state (tensors per parameter
     index; hyper-parameters as JSON), RNG state and reader positions. Local."""
     arrays = [*model_state.values(), *(v for st in optim_state["state"].values() for v in st.values()),
               *extra.values()]
-    with _create(path, _payload(arrays), len(arrays), file_mode) as out:
+    with _create(path, _payload(arrays), len(arrays), file_mode, algo) as out:
         f = out.f
         f.attrs.update({"step": step, "format": "hpcps-dense-1"})
         for k, v in model_state.items():

@@ -16,7 +16,6 @@ older ones are pruned only after it. No MPI here: every function is local.
 """
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -24,6 +23,8 @@ import re
 import shutil
 import time
 from pathlib import Path
+
+from . import digest
 
 __all__ = ["step_dir", "tmp_dir", "file_digests", "list_checkpoints", "verify", "verify_chain", "chain", "newest_verified",
            "commit", "resolve", "inside_checkpoint", "write_new", "mark_best", "read_best",
@@ -44,15 +45,7 @@ def tmp_dir(root, step: int) -> Path:
 
 
 def sha256(path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def sha256_bytes(data) -> str:
-    return hashlib.sha256(memoryview(data)).hexdigest()
+    return digest.of_file(path, "sha256")
 
 
 def dumps(obj) -> str:
@@ -107,8 +100,10 @@ def read_manifest(path) -> dict:
     return man
 
 
-def verify(path) -> tuple[bool, str]:
-    """(True, "ok") if the manifest reads and every file has its size and SHA-256, else (False, why)."""
+def verify(path, only=None) -> tuple[bool, str]:
+    """(True, "ok") if the manifest reads and every file has its size and checksum (SHA-256, or
+    CRC-32 on the node-local level: :mod:`hpcps.checkpoint.digest`), else (False, why).
+    ``only``: check the contents of these files alone (the manifest as a whole still). Local."""
     path = Path(path)
     try:
         man = read_manifest(path)
@@ -116,26 +111,38 @@ def verify(path) -> tuple[bool, str]:
         return False, f"{path.name}: manifest unreadable ({e})"
     files = man.get("files")
     if not isinstance(files, dict) or not all(isinstance(m, dict) and isinstance(m.get("bytes"), int)
-                                              and isinstance(m.get("sha256"), str) for m in files.values()):
-        return False, f"{path.name}: the manifest's files are not {{name: {{bytes, sha256}}}}"
+                                              and digest.algo_of(m) for m in files.values()):
+        return False, f"{path.name}: the manifest's files are not {{name: {{bytes, sha256 or crc32}}}}"
     for name, meta in files.items():
         if "/" in name or name in ("", ".", ".."):
             return False, f"{path.name}: the manifest names a file outside the checkpoint: {name!r}"
-        f = path / name
-        try:
-            size = f.stat().st_size
-        except OSError:
-            return False, f"{path.name}: {name} is missing"
-        if size != meta["bytes"]:
-            return False, f"{path.name}: {name} has {size} bytes, the manifest says {meta['bytes']} (truncated?)"
-        if sha256(f) != meta["sha256"]:
-            return False, f"{path.name}: {name} fails its SHA-256 check (corrupted)"
+    for name in (files if only is None else only):
+        why = _check_file(path, name, files.get(name))
+        if why:
+            return False, why
     if not files:
         return False, f"{path.name}: the manifest lists no files"
     for key, kind in (("step", int), ("num_ps", int), ("num_workers", int), ("tables", list)):
         if not isinstance(man.get(key), kind) or isinstance(man.get(key), bool):
             return False, f"{path.name}: the manifest's {key} is {man.get(key)!r}, not a {kind.__name__}"
     return True, "ok"
+
+
+def _check_file(path: Path, name: str, meta) -> str:
+    """Why file ``name`` of checkpoint ``path`` does not match its manifest entry ``meta``; "" if it does."""
+    if meta is None:
+        return f"{path.name}: the manifest does not list {name}"
+    f = path / name
+    try:
+        size = f.stat().st_size
+    except OSError:
+        return f"{path.name}: {name} is missing"
+    if size != meta["bytes"]:
+        return f"{path.name}: {name} has {size} bytes, the manifest says {meta['bytes']} (truncated?)"
+    algo = digest.algo_of(meta)
+    if digest.of_file(f, algo) != meta[algo]:
+        return f"{path.name}: {name} fails its {digest.NAMES[algo]} check (corrupted)"
+    return ""
 
 
 def chain(path) -> list[Path]:
@@ -235,22 +242,23 @@ def inside_checkpoint(path, root=None) -> Path | None:
     return None
 
 
-def file_digests(folder) -> dict:
-    """``{name: {"bytes", "sha256"}}`` of the files of a directory being committed: a file's
-    ``<name>.sha256`` beside it (its writer hashed the bytes it wrote) is taken and removed; a file
+def file_digests(folder, algo: str = "sha256") -> dict:
+    """``{name: {"bytes", algo}}`` of the files of a directory being committed: a file's
+    ``<name>.<algo>`` beside it (its writer hashed the bytes it wrote) is taken and removed; a file
     without one is fsynced and hashed here. Local."""
     files = {}
+    sides = tuple(f".{a}" for a in digest.ALGOS)
     for f in sorted(Path(folder).iterdir()):
-        if f.name == MANIFEST or f.name.endswith(".sha256"):
+        if f.name == MANIFEST or f.name.endswith(sides):
             continue
-        side = f.with_name(f.name + ".sha256")
+        side = f.with_name(f"{f.name}.{algo}")
         if side.exists():
-            digest = side.read_text().strip()
+            value = side.read_text().strip()
             side.unlink()
         else:
             fsync_path(f)
-            digest = sha256(f)
-        files[f.name] = {"bytes": f.stat().st_size, "sha256": digest}
+            value = digest.of_file(f, algo)
+        files[f.name] = {"bytes": f.stat().st_size, algo: value}
     return files
 
 

@@ -135,7 +135,8 @@ class CheckpointConfig:
     file_mode: str = "0600"     # permissions of checkpoint files (octal)
     local_dir: str = ""         # node-local level (/dev/shm/..., a local SSD) on every host ("" = off)
     local_every: int = 0        # steps between node-local checkpoints (0: off)
-    local_keep: int = 2         # node-local checkpoints kept on each host
+    local_keep: int = 2         # node-local checkpoints kept on each host (with the ones they build on)
+    local_full_every: int = 10  # a full node-local checkpoint every K; the ones between hold only changed rows
 
 
 @dataclass

@@ -29,12 +29,15 @@ then got its own fresh mapping, and a worker ran its torch operators ~1.5x slowe
 """
 
 import ctypes
+import mmap
 import os
 import platform
 import sys
 
+import numpy as np
+
 __all__ = ["TRIM_EVERY", "TUNABLE", "mode", "restart_without_tcache", "trim_heap", "tunables_with_tcache_off",
-           "wants_restart", "set_tuning"]
+           "wants_restart", "set_tuning", "populated"]
 
 TRIM_EVERY = 100        # steps between two trims of a worker's heap, where the tcache is on
 TUNABLE = "glibc.malloc.tcache_count=0"
@@ -139,3 +142,21 @@ def trim_heap() -> bool:
         return False
     libc.malloc_trim(0)
     return True
+
+
+_POPULATE_MIN = 16 << 20    # smaller arrays: np.empty (their faults cost little)
+
+
+def populated(shape, dtype) -> np.ndarray:
+    """A new array whose pages exist already: an anonymous mapping with ``MAP_POPULATE``, which
+    the kernel fills in one go. A checkpoint's snapshot of a GB shard wrote into fresh pages one
+    fault at a time at ~0.35 GB/s on the development VM; populated, ~1.9 GB/s (1 GB: 2.9 s against
+    0.54 s, the fill included). Small arrays, or a system without ``MAP_POPULATE``: ``np.empty``.
+    The mapping lives as long as the array. Local."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    flag = getattr(mmap, "MAP_POPULATE", 0)
+    if nbytes < _POPULATE_MIN or not flag:
+        return np.empty(shape, dtype)
+    m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | flag)
+    return np.frombuffer(m, dtype).reshape(shape)

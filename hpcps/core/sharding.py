@@ -54,6 +54,17 @@ class _Sharding:
         """Row of each id inside its owner's shard. Local."""
         return self.place(ids)[1]
 
+    def in_order(self, ps: int, ids: np.ndarray) -> bool:
+        """Whether ``ids`` are all of PS ``ps``'s rows in its local order, checked at 4096 places
+        and both ends (for a file of that very shard whose checksum passed: placing every id of a
+        GB shard took a fifth of its restart). Local."""
+        n = self.shard_rows(ps)
+        if ids.size != n:
+            return False
+        at = np.unique(np.linspace(0, n - 1, min(n, 4096)).astype(np.int64))
+        owner, local = self.place(np.asarray(ids[at], np.int64))
+        return bool((owner == ps).all() and np.array_equal(local, at))
+
     def _check_ps(self, ps: int) -> None:
         if not 0 <= ps < self.num_ps:
             raise ValueError(f"ps index {ps} out of range for num_ps={self.num_ps}")

@@ -31,7 +31,7 @@ from ..errors import StalledError
 from .settings import WAIT_POLICIES
 
 __all__ = ["WAIT_POLICIES", "backoff", "set_policy", "wait_request", "bells", "pause", "futex_wait", "futex_wake",
-           "HAVE_FUTEX", "BELL_TIMEOUT_S", "set_progress_timeout", "overdue", "PROGRESS_TIMEOUT_S"]
+           "HAVE_FUTEX", "BELL_TIMEOUT_S", "set_progress_timeout", "overdue", "quiet_barrier", "PROGRESS_TIMEOUT_S"]
 
 PROGRESS_TIMEOUT_S = 600.0  # default of job.progress_timeout
 _timeout = PROGRESS_TIMEOUT_S
@@ -99,6 +99,16 @@ def wait_request(req, what="an MPI request to complete") -> None:
         misses += 1
         backoff(misses)
         overdue(started, misses, what)
+
+
+def quiet_barrier(comm) -> None:
+    """A barrier whose waiters sleep (:func:`backoff`) instead of spinning in MPI, with no progress
+    timeout: for waits on one rank's long local work (verifying or loading a checkpoint), whose
+    CPUs the spinning ranks would take. Collective over ``comm``."""
+    req, misses = comm.Ibarrier(), 0
+    while not req.Test():
+        misses += 1
+        backoff(misses)
 
 
 def bells() -> bool:

@@ -85,7 +85,9 @@ class StepControl:
             self._mine[2:2 + W] = step
             self._win.sync()
         self.step = step
-        self.ctx.world.Barrier()
+        # a PS may be loading a large checkpoint: the others sleep meanwhile (a Barrier spins, on
+        # CPUs the PS needs), and no progress timeout applies (a load takes as long as it takes)
+        _wait.quiet_barrier(self.ctx.world)
 
     # ------------------------------------------------------------ worker side
     def _read(self, rank: int, disp: int, count: int = 1) -> np.ndarray:

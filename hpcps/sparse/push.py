@@ -203,7 +203,7 @@ def _push_shared(table, p: int, rank: int, part) -> None:
         staging.list_rows(p, new)
         staging.flags.sync()
     elif table.dirty is not None:
-        table.dirty.views[p][rows_p] = 1
+        table.dirty.views[p][rows_p] = table.dirty.ALL
     window.sync()
     if table.row_versions is not None and not table.stateful:
         table.row_versions.stamp(p, rank, uniq, table.ctx.control.step + 1)
@@ -237,7 +237,7 @@ def _push_rma(table, p: int, rank: int, uniq: np.ndarray, buf: np.ndarray) -> No
                     lst.Put([new, MPI.INT64_T], rank, ((1 + n) * 8, new.size, MPI.INT64_T))
                 lst.Put([count, MPI.INT64_T], rank, (0, 1, MPI.INT64_T))
         if marks is not None:
-            ones = np.ones(uniq.size, np.uint8)
+            ones = np.full(uniq.size, 1 if stateful else table.dirty.ALL, np.uint8)   # staged / changed
             marks.win.Put([ones, MPI.BYTE], rank, (0, 1, flag_type))
         window.win.Flush(rank)      # remote completion (a request would only say "buffer free")
         if marks is not None:

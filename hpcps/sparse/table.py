@@ -10,6 +10,7 @@ frees what it made:
 - ``codec.py``: 16-bit rows and gradients (the PS's 16-bit copy);
 - ``mailbox.py``: pushes of stateful tables to a PS on another node, without its lock;
 - ``tracking.py``: row version stamps and dirty marks;
+- ``snapshot.py``: the checkpoint side (snapshots, chunked copies, restore);
 - ``spec.py``: the argument checks and the agreement of every rank on them.
 
 Placement (which PS owns a row, and where in its shard) is ``hpcps.core.sharding``.
@@ -31,7 +32,7 @@ from .codec import HalfCopy, torch_module
 from .mailbox import Mailbox
 from .pull import PullHandle, gather_local, pull_async
 from .push import PushHandle, push_many
-from .snapshot import ChunkedSnapshot
+from .snapshot import Checkpointable
 from .staging import Staging
 from .spec import agree, check_args, check_init, check_segments
 from .tracking import DirtyRows, RowVersions
@@ -63,7 +64,7 @@ class TableStats:
     inbox_full: int = 0         # pushes to another node too large for the PS's push mailbox (sent the locked way)
 
 
-class EmbeddingTable:
+class EmbeddingTable(Checkpointable):
     """A ``num_rows x dim`` float32 table sharded row-wise over the PS ranks.
 
     Collective over the world communicator of ``ctx``: every rank, PS and
@@ -336,89 +337,12 @@ class EmbeddingTable:
                          f"{gids[:8].tolist()}{' ...' if bad.size > 8 else ''}): the learning rate "
                          f"({self.optimizer.lr}) is too large for these gradients; stopping")
 
-    def take_dirty(self) -> np.ndarray:
-        """PS, while no worker pushes (checkpoint cut): local rows changed since the last call,
-        and reset the marks. Local."""
+    def take_dirty(self, level: str = "pfs") -> np.ndarray:
+        """PS, while no worker pushes (checkpoint cut): local rows changed since checkpoint level
+        ``level``'s (``"pfs"`` or ``"local"``) last call, and reset its marks. Local."""
         if self.dirty is None:
             raise ValueError(f"table {self.name!r} was created without track_dirty")
-        return self.dirty.take()
-
-    def snapshot(self, rows=None) -> dict:
-        """PS: a copy of local ``rows`` (all when None; a checkpoint cut, while no worker pushes):
-        ``{"ids", "weights", "state", "applies"}``: their global ids, float32 rows, optimizer
-        state arrays by :attr:`state_names` (the momentum "seen" flag as uint8) and the number of
-        optimizer steps applied to the shard; with ``track_versions`` also ``"versions"``, their
-        stamps. Local."""
-        if not self.ctx.is_ps:
-            raise RoleError(f"table {self.name!r}: snapshot() is for PS ranks")
-        sel = slice(None) if rows is None else rows
-        ids = self.sharding.global_ids(self.ctx.ps_rank)[sel]
-        state = {k: np.array(v[sel]) for k, v in self._state.items() if not k.startswith("_")}
-        if "_seen" in self._state:
-            state["momentum_seen"] = self._state["_seen"][sel].astype(np.uint8)
-        out = {"ids": ids, "weights": np.array(self.shard()[sel]), "state": state, "applies": self._applies}
-        if self.row_versions is not None:
-            out["versions"] = np.array(self.row_versions.local()[sel])
-        return out
-
-    def begin_snapshot(self) -> ChunkedSnapshot:
-        """PS, where only its apply changes rows (deterministic sync mode): start a snapshot of
-        the whole shard, as :meth:`snapshot` gives, that the caller copies a chunk at a time
-        (``step()``, then ``result()``) while training goes on; an apply first copies the rows it
-        is about to change. Local."""
-        if not self.ctx.is_ps:
-            raise RoleError(f"table {self.name!r}: begin_snapshot() is for PS ranks")
-        state_keys = {k: k for k in self._state if not k.startswith("_")}
-        sources = {"weights": self.shard(), **{k: self._state[k] for k in state_keys}}
-        if "_seen" in self._state:
-            sources["_seen"], state_keys["_seen"] = self._state["_seen"], "momentum_seen"
-        fixed = {"ids": self.sharding.global_ids(self.ctx.ps_rank), "applies": self._applies}
-        if self.row_versions is not None:
-            fixed["versions"] = np.array(self.row_versions.local())
-        self._snap = ChunkedSnapshot(sources, fixed, state_keys)
-        return self._snap
-
-    @property
-    def state_names(self) -> list[str]:
-        """Names of the optimizer state arrays :meth:`snapshot` gives and :meth:`restore` takes. Local."""
-        return [("momentum_seen" if k == "_seen" else k) for k in new_state(self.optimizer, 0, self.dim)] \
-            if self.stateful else []
-
-    def restore(self, chunks, applies: int) -> int:
-        """PS: write rows back, as :meth:`snapshot` gave them: ``chunks`` yields ``(ids, weights,
-        state)`` or ``(ids, weights, state, versions)`` (global ids this rank owns, float32 rows,
-        state arrays by :attr:`state_names`, version stamps); then take ``applies`` as the
-        optimizer steps applied and publish the rows (16-bit copy included). Returns the rows
-        written. Raises ``ValueError`` on a row of another PS or an unknown state name. Local."""
-        if not self.ctx.is_ps:
-            raise RoleError(f"table {self.name!r}: restore() is for PS ranks")
-        shard, written = self.shard(), 0
-        for ids, weights, state, *versions in chunks:
-            owner, local = self.sharding.place(np.asarray(ids, np.int64))
-            if owner.size and (owner != self.ctx.ps_rank).any():
-                raise ValueError(f"table {self.name!r}: restore() got rows of another PS")
-            unknown = set(state) - set(self.state_names)
-            if unknown:
-                raise ValueError(f"table {self.name!r}: restore() got unknown optimizer state {sorted(unknown)}")
-            # a run of consecutive rows (a shard's own file, same layout) is a slice: a copy, not a scatter
-            at = slice(int(local[0]), int(local[0]) + local.size) \
-                if local.size and bool(np.all(np.diff(local) == 1)) else local
-            shard[at] = weights
-            for k, v in state.items():
-                if k == "momentum_seen":
-                    self._state["_seen"][at] = np.asarray(v).astype(bool)
-                else:
-                    self._state[k][at] = v
-            if versions and self.row_versions is not None:
-                self.row_versions.local()[local] = versions[0]
-            if self.half is not None:
-                self.half.refresh(shard, local)
-            written += local.size
-        self._applies = int(applies)
-        self.rows.sync()
-        if self.row_versions is not None:
-            self.row_versions.window.sync()
-        return written
+        return self.dirty.take(self.dirty.LOCAL if level == "local" else self.dirty.PFS)
 
     # ------------------------------------------------------------ teardown
     def free(self) -> None:

@@ -82,7 +82,12 @@ class RowVersions:
 
 
 class DirtyRows:
-    """Per-row "changed since the last checkpoint" byte. Collective over the world (allocates a window)."""
+    """Per-row "changed since the last checkpoint" byte, a bit per checkpoint level: ``PFS``
+    (changed since the filesystem level's last checkpoint) and ``LOCAL`` (since the node-local
+    level's); a change sets both (``ALL``), a level's checkpoint takes and clears its own.
+    Collective over the world (allocates a window)."""
+
+    PFS, LOCAL, ALL = 1, 2, 3
 
     def __init__(self, ctx, local_rows: int, what: str):
         self.local_rows = local_rows
@@ -98,15 +103,15 @@ class DirtyRows:
 
     def mark_local(self, rows: np.ndarray) -> None:
         """PS: mark ``rows`` changed (synced with the rows by the caller). Local."""
-        self.window.local(np.uint8)[rows] = 1
+        self.window.local(np.uint8)[rows] = self.ALL
 
-    def take(self) -> np.ndarray:
-        """PS, while no worker pushes (checkpoint cut): rows changed since the last call, and reset
-        the marks. Local."""
+    def take(self, level: int = PFS) -> np.ndarray:
+        """PS, while no worker pushes (checkpoint cut): rows changed since ``level``'s last call
+        (a bit: :attr:`PFS` or :attr:`LOCAL`), and reset its marks. Local."""
         self.window.sync()
         flags = self.window.local(np.uint8)[:self.local_rows]
-        rows = np.flatnonzero(flags)
-        flags[rows] = 0
+        rows = np.flatnonzero(flags & level)
+        flags[rows] &= np.uint8(~level & 0xFF)
         self.window.sync()
         return rows
 

@@ -102,7 +102,7 @@ def make_tables(cfg: Config, ctx, data, steps: int, pipe: dict) -> list:
     kind, _ = parse_mode(ctx.mode)
     c = cfg.checkpoint
     options = dict(optimizer=build_sparse_optimizer(cfg.optimizer.sparse, steps), seed=cfg.job.seed,
-                   transport=cfg.job.transport, track_dirty=bool(c.dir) and c.full_every > 1,
+                   transport=cfg.job.transport, track_dirty=bool(c.dir) and (c.full_every > 1 or bool(c.local_every) and c.local_full_every > 1),
                    track_versions=pipe["prefetch"] and kind != "async", pull_dtype=cfg.pipeline.pull_dtype,
                    push_dtype=cfg.pipeline.push_dtype, sharding=cfg.model.sharding)
     specs = table_specs(cfg, data)

@@ -23,7 +23,7 @@ from ..stopping import StopRequest
 from .best import stopped_early
 from .build import make_tables, pipeline_switches, total_steps
 from .layout import backend_name, gather_layout, layout_line
-from .recovery import open_checkpointer, pick_level, record_start
+from .recovery import load_level, open_checkpointer, record_start
 from .telemetry import peak_rss
 from .worker import Worker
 
@@ -67,10 +67,8 @@ def train(cfg: Config) -> dict | None:
         ckpt = open_checkpointer(cfg, ctx, tables)
         record_start(cfg, world)
         t_restore = time.perf_counter()
-        resume_from, own, level = pick_level(cfg, ctx, tables)
-        start = 0
+        resume_from, level, start = load_level(cfg, ctx, tables)
         if resume_from is not None:
-            start = ckpt_mod.restore_tables(resume_from, ctx, tables, own)
             if ckpt is not None:
                 ckpt.resumed_step = start
             if world.Get_rank() == 0:

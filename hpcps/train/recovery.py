@@ -14,9 +14,10 @@ from mpi4py import MPI
 from .. import checkpoint as ckpt_mod
 from ..checkpoint.lock import DirLock
 from ..config import Config, parse_permissions
-from ..core.wait import wait_request
+from ..core.wait import quiet_barrier, wait_request
+from ..errors import HpcpsError
 
-__all__ = ["open_checkpointer", "find_resume", "pick_level", "CheckpointTrigger", "record_start"]
+__all__ = ["open_checkpointer", "find_resume", "pick_level", "load_level", "CheckpointTrigger", "record_start"]
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +58,8 @@ def open_checkpointer(cfg: Config, ctx, tables):
             raise ValueError(local_failed[0])
     ckpt = ckpt_mod.Checkpointer(ctx, tables, c.dir, c.keep, c.compression, {"config": cfg.to_dict()},
                                  full_every=c.full_every, dir_mode=dir_mode, file_mode=file_mode,
-                                 local_dir=c.local_dir, local_keep=c.local_keep)
+                                 local_dir=c.local_dir, local_keep=c.local_keep,
+                                 local_full_every=c.local_full_every if c.local_every else 1)
     ckpt.lock = lock
     ctx.add_resource(ckpt)
     return ckpt
@@ -87,6 +89,7 @@ def find_resume(cfg: Config, world: MPI.Comm):
             found = ckpt_mod.resolve(c.resume, c.dir)
         except ValueError as e:
             found = e
+    quiet_barrier(world)              # the others sleep while rank 0 verifies
     found = world.bcast(found, root=0)
     if isinstance(found, ValueError):
         raise found
@@ -94,7 +97,7 @@ def find_resume(cfg: Config, world: MPI.Comm):
 
 
 def pick_level(cfg: Config, ctx, tables):
-    """The checkpoint a restart loads: ``(path, own shard file or None, level)`` (level ``"local"``,
+    """The checkpoint a restart loads: ``(path, own shard files or None, level)`` (level ``"local"``,
     ``"pfs"`` or None: a fresh start). The node-local level (``checkpoint.local_dir``, rebuilt from
     partner copies where a host lost its files) when its newest complete step is at least the
     filesystem's; the filesystem's checkpoints are verified only when one is newer. Collective
@@ -126,6 +129,35 @@ def pick_level(cfg: Config, ctx, tables):
         logger.warning("hpcps: local checkpoint step %d: %d file(s) copied from other hosts (partner copies)",
                        found.step, found.rebuilt)
     return found.path, found.own, "local"
+
+
+def load_level(cfg: Config, ctx, tables) -> tuple:
+    """Pick the checkpoint level (:func:`pick_level`) and load the PS ranks' rows from it:
+    ``(path, level, step)`` (``(None, None, 0)``: a fresh start). A PS's node-local file that fails
+    its check while it loads is set aside (``<part>.bad``) and the choice made again: the partner
+    copy, an older step or the filesystem, which overwrite every row. Collective over the world."""
+    world, failed = ctx.world, False
+    while True:
+        path, own, level = pick_level(cfg, ctx, tables)
+        if path is None and failed:
+            raise HpcpsError("a node-local checkpoint file failed its check while loading and no other "
+                             "checkpoint is left; its rows are partly loaded: start afresh with "
+                             "checkpoint.resume = none")
+        if path is None:
+            return None, None, 0
+        bad = None
+        try:
+            start = ckpt_mod.restore_tables(path, ctx, tables, own)
+        except ckpt_mod.CorruptFile as e:
+            bad = e
+            logger.error("hpcps: %s; setting that local checkpoint part aside", e)
+            ckpt_mod.local.set_aside(Path(e.path).parent)
+        quiet_barrier(world)                       # the others sleep while the PS ranks load
+        if not any(world.allgather(bad is not None)):
+            return path, level, start
+        failed = True
+        if world.Get_rank() == 0:
+            logger.warning("hpcps: a node-local file failed its check while loading: choosing again")
 
 
 def _drop_local_after(cfg: Config, ctx, step: int) -> None:
@@ -171,19 +203,21 @@ class CheckpointTrigger:
         self.control = control          # the step protocol, for a stop asked of a PS rank
         self.meta = lambda step: {}     # what the checkpoint at a step adds to its manifest (worker 0's view)
         self.last_time, self.last_step, self.stopped = time.time(), start, False
-        self._flags = np.zeros(2, np.int64)
+        self._flags = np.zeros(3, np.int64)
         self._req = None
+        self.local_due = False          # a node-local checkpoint fell due and is not taken yet
+        self.local_deferred = 0         # steps a due node-local checkpoint waited for the previous one
 
     def _asked_here(self) -> bool:
         """A stop asked of this worker (a signal, the STOP file), or, seen by worker 0, of a PS. Local."""
         return self.stop.requested() or (self.lead and self.control is not None and self.control.ps_asked_to_stop())
 
     def _agreed(self) -> np.ndarray:
-        """``[stop asked, time for a checkpoint]`` as every worker flagged them at the previous
+        """``[stop asked, time for a checkpoint, a checkpoint in flight]`` as every worker flagged them at the previous
         call's end (:meth:`_flag`): the same on every worker. The all-reduce started then is
         complete by now (every worker started it), so nobody waits in it: a blocking all-reduce
         each step cost the main job a third of its throughput on 2 CPUs. Collective over the workers."""
-        agreed = np.zeros(2, np.int64)
+        agreed = np.zeros(3, np.int64)
         if self._req is not None:
             wait_request(self._req, "the other workers' checkpoint and stop flags")
             agreed[:], self._req = self._result, None
@@ -192,8 +226,9 @@ class CheckpointTrigger:
     def _flag(self, timed: bool) -> None:
         """Start the all-reduce of this worker's flags, for the next :meth:`_agreed`. Collective over
         the workers."""
-        self._flags[:] = (int(self._asked_here()), int(timed))
-        self._result = np.zeros(2, np.int64)
+        busy = self.ckpt is not None and self.ckpt.in_flight()
+        self._flags[:] = (int(self._asked_here()), int(timed), int(busy))
+        self._result = np.zeros(3, np.int64)
         self._req = self.comm.Iallreduce(self._flags, self._result, op=MPI.MAX)
 
     def _poll_stop(self) -> bool:
@@ -223,9 +258,9 @@ class CheckpointTrigger:
         ckpt.lock.refresh()
         due = bool(c.every_steps) and (step + 1) % c.every_steps == 0
         flags = self._agreed()
-        if (due or flags.any()) and not taken:
+        if (due or flags[:2].any()) and not taken:
             self.save(step + 1, model, opt, log)
-        elif c.local_every and (step + 1) % c.local_every == 0 and not taken:
+        elif self._local_now(step, flags, taken):
             self.save(step + 1, model, opt, log, level="local")
         if flags[0]:
             self.stopped = True
@@ -235,6 +270,23 @@ class CheckpointTrigger:
         else:                      # after the save: a checkpoint just taken resets the clock
             self._flag(self.lead and c.every_seconds > 0 and time.time() - self.last_time >= c.every_seconds)
         return self.stopped
+
+    def _local_now(self, step: int, flags, taken: bool) -> bool:
+        """Whether the node-local checkpoint is taken after ``step``: it falls due every
+        ``checkpoint.local_every`` steps, and is taken at the first step from then on where no
+        checkpoint was in flight at the previous step (the flag all workers agreed on): it never
+        waits for the one before (a full one of a large shard takes seconds), it comes later.
+        Local (from values every worker shares)."""
+        c = self.c
+        if c.local_every and (step + 1) % c.local_every == 0:
+            self.local_due = True
+        if not self.local_due or taken:
+            return False
+        if flags[2]:
+            self.local_deferred += 1
+            return False
+        self.local_due = False
+        return True
 
     def save(self, step: int, model, opt, log=None, level: str = "pfs") -> None:
         """The checkpoint after ``step`` steps, now (``level``: ``pfs`` or ``local``). Collective over
@@ -267,4 +319,5 @@ class CheckpointTrigger:
         return {"checkpoints": ckpt.committed if ckpt is not None else [],
                 "local_checkpoints": ckpt.local_committed if ckpt is not None else [],
                 "checkpoint_timings": ckpt.timings if ckpt is not None else [],
+                "local_deferred_steps": self.local_deferred,
                 "checkpoint_stall_s": max(ckpt.stall_seconds) if ckpt is not None and ckpt.stall_seconds else 0.0}
