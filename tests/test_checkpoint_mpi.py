@@ -335,6 +335,7 @@ def test_node_local_level_restarts_bit_equal_and_ckpt_ls_shows_it(tmp_path, stra
     assert max(f[shard]["bytes"] for f in delta if shard in f) < min(f[shard]["bytes"] for f in full if shard in f)
     ls = subprocess.run([sys.executable, "-m", "hpcps", "ckpt", "ls", str(ck)], capture_output=True, text=True)
     assert "node-local level on this host" in ls.stdout and "ps 0" in ls.stdout and "dense" in ls.stdout, ls.stdout
+    assert f"delta on 4 (+{len(done) - 2} between)" in ls.stdout and "  full  " in ls.stdout, ls.stdout
     shutil.rmtree(store.step_dir(ck, 30))
     (tmp_path / "w.npz").unlink()
     r = _train(4, sets)
@@ -363,5 +364,6 @@ def test_a_local_file_failing_its_check_as_the_ps_loads_it_is_set_aside_and_an_o
     f = _final(r.stdout)
     assert "CRC-32" in r.stderr and "choosing again" in r.stderr, r.stderr[-3000:]
     assert f["restored_from"] == "local" and f["start_step"] == done[-2]
-    assert part.with_name(part.name + ".bad").is_dir() and not part.exists()
+    assert part.with_name(part.name + ".bad").is_dir()             # kept for a look, out of the way
+    assert not part.exists() or store.verify(part) == (True, "ok")  # the run took that step again
     _same(tmp_path / "w.npz", straight["adam"])

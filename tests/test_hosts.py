@@ -197,6 +197,19 @@ def _host_local_dir(host: str, name: str) -> Path:
     return Path(f"/run/hpcps-cluster/{os.environ['HPCPS_CLUSTER']}/shm/{host}/{name}")
 
 
+def _parts_of(local_dir: Path, ck: Path, step: int) -> list:
+    """The committed node-local parts in ``local_dir`` of the job of ``checkpoint.dir`` ``ck``, of
+    steps from ``step`` on (the straight run's parts share the directory)."""
+    out = []
+    for p in local_dir.glob("step-*.r*[0-9]"):
+        try:
+            if int(p.name[5:14]) >= step and store.read_manifest(p)["checkpoint_dir"] == str(ck.resolve()):
+                out.append(p)
+        except (OSError, ValueError, KeyError):
+            pass                            # removed meanwhile (pruned)
+    return out
+
+
 def test_a_host_lost_with_its_local_files_restarts_from_partner_copies_bit_equal(tmp_path):
     """Node-local checkpoints every 3 steps, each PS's shard copied to its partner on the other
     host; every process of h1 killed (-9) and h1's local directory deleted (a replaced node); the
@@ -213,12 +226,12 @@ def test_a_host_lost_with_its_local_files_restarts_from_partner_copies_bit_equal
     proc = launch_mpi(5, ["-m", "hpcps", "train", "--config", TINY, "--set", *sets],
                       env={"HPCPS_STEP_DELAY": "0.1"}, hosts=hosts)
     deadline = time.time() + 120
-    while time.time() < deadline and not list(_host_local_dir("h0", name).glob("step-000000006.r*[0-9]")):
+    while time.time() < deadline and not _parts_of(_host_local_dir("h0", name), ck, 6):   # its second or later
         time.sleep(0.05)
     for pid in _pids_on("h1"):
         os.kill(pid, signal.SIGKILL)
-    code, _, _ = reap(proc, timeout=120)
-    assert code != 0 and not out.exists()
+    code, so, _ = reap(proc, timeout=120)
+    assert code != 0 and not out.exists(), so[-3000:]
     shutil.rmtree(_host_local_dir("h1", name))                   # h1's node-local files are gone
     held = {s for p in _host_local_dir("h0", name).glob("step-*.r*[0-9]") for s in store.read_manifest(p)["shards"]}
     assert held == {0, 1}                                        # its own shard and h1's PS's partner copy

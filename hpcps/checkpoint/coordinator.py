@@ -19,13 +19,16 @@ the workers pause only to copy the dense state.
 A node-local checkpoint (``level="local"``: :mod:`hpcps.checkpoint.local`) runs the same cut; each
 PS writes its shard into its host's ``local_dir``, sends it to its partner PS on another host
 (:mod:`hpcps.checkpoint.partner`), and commits its part once its file and the partner copies it
-received are written; each host's first worker writes and commits the dense part.
+received are written; each host's first worker writes and commits the dense part. It does not
+wait for the one before: each PS cuts at once and writes its cuts in order
+(:mod:`hpcps.checkpoint.ps_writer`), and worker 0 keeps up to ``LOCAL_QUEUE`` in flight.
 """
 
 import logging
 import platform
 import shutil
 import time
+from collections import deque
 from pathlib import Path
 
 import numpy as np
@@ -37,17 +40,19 @@ from ..errors import HpcpsError
 from ..core.window import Window
 from . import local, store
 from .partner import Partners
-from .shards import Background, shard_file, write_dense, write_shard
+from .ps_writer import COPIED, DELTA, ERROR, FULL, KIND, LOCAL, LOCAL_DELTA, REQUEST, WRITTEN, PsWriter, links
+from .shards import Background, write_dense
 
 __all__ = ["Checkpointer", "sharding_names"]
 
 logger = logging.getLogger(__name__)
-REQUEST, COPIED, WRITTEN, ERROR, KIND = 0, 1, 2, 3, 4      # control words
-FULL, DELTA, LOCAL, LOCAL_DELTA = 0, 1, 2, 3                # KIND: filesystem full / delta, node-local full / delta
 
 
-class Checkpointer:
-    """Checkpoint coordination for one job. Collective over the world (creates a window)."""
+class Checkpointer(PsWriter):
+    """Checkpoint coordination for one job (the PS side: :class:`~hpcps.checkpoint.ps_writer.PsWriter`).
+    Collective over the world (creates a window)."""
+
+    LOCAL_QUEUE = 16    # node-local checkpoints in flight at most; one due beyond waits (local_deferred_steps)
 
     def __init__(self, ctx, tables, root, keep: int, compression: str, meta: dict, full_every: int = 1,
                  dir_mode: int = store.DIR_MODE, file_mode: int = store.FILE_MODE, local_dir: str = "",
@@ -57,9 +62,6 @@ class Checkpointer:
         node_workers = [r for r in sorted(ctx.node_ranks) if r in set(ctx.worker_world_ranks)]
         self.holder = ctx.is_worker and ctx.rank == node_workers[0]    # writes this host's dense part
         self.partners = Partners(ctx, file_mode) if ctx.is_ps and self.local_dir else None
-        self._level = "pfs"
-        self._partnering = False      # PS: its file is written, the partner copies travel
-        self._chunked = []            # PS: [(table, ChunkedSnapshot)] being copied
         self._local_pending = None    # a host's first worker: the local step its dense part is being written for
         self._dense_writer = None     # ... and the thread writing it
         self._rng_req = None          # workers: the all-gather of the RNG states in flight
@@ -67,8 +69,9 @@ class Checkpointer:
         self.local_committed = []     # worker 0: committed local steps
         self.local_full_every = max(1, int(local_full_every))   # 1: every node-local checkpoint is full
         self._local_since = None      # workers: local checkpoints since the last full one (None: next is full)
-        self._local_chain = []        # workers and PS: steps the newest local checkpoint builds on, itself last
-        self._chain = []              # PS: ... of the local checkpoint in flight
+        self._local_chain = []        # workers: steps the newest local checkpoint builds on, itself last
+        self._local_inflight = deque()    # worker 0: local steps asked for, not committed yet
+        self._local_info = {}         # worker 0: local step -> [kind, time asked, stall]
         self.dir_mode, self.file_mode = dir_mode, file_mode
         self.keep, self.compression, self.meta = keep, compression, meta
         self.full_every = max(1, int(full_every))   # 1: every checkpoint is full
@@ -82,7 +85,9 @@ class Checkpointer:
         # before the next apply and the workers need not wait for its copy (hpcps.sparse.push)
         self.early = ctx.deterministic and ctx.control.kind == "sync"
         self._mine = self._win.local(np.int64) if ctx.is_ps else None     # PS: its words, this memory
+        self._handled = -1            # PS: last request cut
         if ctx.is_ps:
+            self._ps_start()
             self._mine[:] = -1
             self._win.sync()
             ctx.add_service_hook(self._ps_poll)
@@ -90,7 +95,6 @@ class Checkpointer:
                 ctx.control.before_apply.append(self._ps_before_apply)
         self._res = np.zeros(1, np.int64)
         self._ign = np.zeros(1, np.int64)
-        self._handled = -1            # PS: last request served
         self._writer = None           # PS or worker 0: the thread writing the current file
         self._pending = None          # worker 0: step written but not committed yet
         self._step_meta = {}          # worker 0: what the checkpoint in flight adds to its manifest
@@ -123,116 +127,6 @@ class Checkpointer:
                        op=MPI.REPLACE)
         win.Flush(rank)
 
-    # -------------------------------------------------------------- PS side
-    def _ps_poll(self) -> bool:
-        """PS, each poll of the serve loop: move the checkpoint in flight on, or start the one asked
-        for. True when it did work (the loop polls again at once)."""
-        me = self.ctx.rank
-        if self._copy_chunks():
-            return True
-        if self._writer is not None and not self._writer.is_alive():
-            w, self._writer = self._writer, None
-            if w.error is not None:
-                logger.error("checkpoint at step %d: writing %s failed: %s", self._handled,
-                             shard_file(self.ctx.ps_rank), w.error)
-                self._put(me, ERROR, self._handled)
-            elif self._level == "local":
-                self.partners.send(self.ctx.ps_rank, w.args[0])
-                self._partnering = True
-            else:
-                self._put(me, WRITTEN, self._handled)
-        if self._partnering and self.partners.progress():
-            self._partnering = False
-            self._commit_ps_part()
-        req = self._get(me, REQUEST)
-        if req <= self._handled or self._writer is not None or self._partnering or self.ctx.control.step < req:
-            return False
-        self._handle(req)
-        return True
-
-    def _ps_before_apply(self) -> None:
-        """PS, deterministic sync mode, about to apply step ``control.step``: a checkpoint asked for at
-        that step is cut now, before the apply (workers did not wait for it: their pushes of the
-        step wait in the mailboxes, and only this apply changes rows). The previous checkpoint is
-        finished by then (worker 0 waited for its commit before asking)."""
-        req = self._get(self.ctx.rank, REQUEST)
-        if req != self.ctx.control.step or req <= self._handled:
-            return
-        misses, started = 0, time.monotonic()
-        while self._writer is not None or self._partnering or self._chunked:   # not expected; never skip the cut
-            self._ps_poll()
-            misses += 1
-            time.sleep(0.0005)
-            overdue(started, misses, f"checkpoint at step {req}: the previous checkpoint's files are still written")
-        self._handle(req)
-
-    def _handle(self, req: int) -> None:
-        """PS: copy its shards for the checkpoint at step ``req`` (deterministic sync mode, full
-        checkpoints: start chunked copies, :meth:`_copy_chunks`) and start writing them."""
-        me = self.ctx.rank
-        kind = self._get(me, KIND)
-        self._level = "local" if kind in (LOCAL, LOCAL_DELTA) else "pfs"
-        delta = kind in (DELTA, LOCAL_DELTA)
-        self._handled = req
-        if self._level == "local":
-            self._chain = [*self._local_chain, req] if delta else [req]
-        # no new marks meanwhile; each level takes its own (a row changed since its last checkpoint)
-        dirty = {t.name: t.take_dirty(self._level) if t.track_dirty else None for t in self.tables}
-        if self.early and not delta:
-            self._chunked = [(t, t.begin_snapshot()) for t in self.tables]
-            return
-        self._write({t.name: t.snapshot(dirty[t.name] if delta else None) for t in self.tables})
-
-    def _copy_chunks(self) -> bool:
-        """PS: copy chunks of the snapshots in progress for about a millisecond; once all are
-        copied, write them. True when it copied anything."""
-        if not self._chunked:
-            return False
-        t0 = time.perf_counter()
-        while time.perf_counter() - t0 < 0.001:
-            if all([snap.step() for _, snap in self._chunked]):
-                snaps, self._chunked = self._chunked, []
-                self._write({t.name: snap.result() for t, snap in snaps})
-                break
-        return True
-
-    def _write(self, snaps: dict) -> None:
-        """PS: the shards of the checkpoint at ``_handled`` are copied: report it, write them."""
-        me, req = self.ctx.rank, self._handled
-        snap = {t.name: {**snaps[t.name], "num_rows": t.num_rows, "dim": t.dim, "optimizer": repr(t.optimizer)}
-                for t in self.tables}
-        self._put(me, COPIED, req)
-        if self._level == "local":
-            tmp = local.part_tmp(self.local_dir, req, me)
-            tmp.mkdir(mode=self.dir_mode, parents=True, exist_ok=True)
-            self.partners.start(req, tmp)
-            path = tmp / shard_file(self.ctx.ps_rank)
-        else:
-            path = store.tmp_dir(self.root, req) / shard_file(self.ctx.ps_rank)
-        # its error, if any, is reported through the protocol (ERROR word) by the next poll
-        self._writer = Background(write_shard, path, req, self.ctx.ps_rank, self.ctx.num_ps, snap,
-                                  self.compression, self.file_mode, local.ALGO if self._level == "local" else "sha256")
-
-    def _commit_ps_part(self) -> None:
-        """PS: its own shard and the partner copies are written: commit its local part, or report
-        the error."""
-        me, step = self.ctx.rank, self._handled
-        if self.partners.error is not None:
-            logger.error("local checkpoint at step %d: a partner copy failed: %s", step, self.partners.error)
-            self._put(me, ERROR, step)
-            return
-        shards = sorted([self.ctx.ps_rank, *self.partners.received])
-        try:
-            local.commit_part(self.local_dir, step, me, {**self._job_fields(step), **_links(self._chain),
-                                                         "shards": shards, "dense": False},
-                              self.local_keep, self.file_mode)
-            self._local_chain = self._chain
-        except OSError as e:
-            logger.error("local checkpoint at step %d: committing failed: %s", step, e)
-            self._put(me, ERROR, step)
-            return
-        self._put(me, WRITTEN, step)
-
     def _job_fields(self, step: int) -> dict:
         """What every manifest says of the job: step, layout, tables, placement, versions."""
         return {"step": step, "time": time.time(), "num_ps": self.ctx.num_ps, "num_workers": self.ctx.num_workers,
@@ -248,16 +142,20 @@ class Checkpointer:
         manifest. ``level``: ``"pfs"`` (``root``) or ``"local"`` (``local_dir`` on every host, PS
         shards copied to partners). Collective over the worker communicator."""
         t0 = time.perf_counter()          # the stall counts a wait for the previous checkpoint too
-        self.wait_commit()
+        local_level = level == "local"
+        if local_level:                   # cut now; the files are written after those before it
+            self._local_room()
+        else:
+            self.wait_commit()
         if not self.early:
             self.ctx.fence(step)
-        local_level = level == "local"
         if self.is_lead:
-            self._step_meta, self._level = meta or {}, level
-            self._started[step] = time.perf_counter()
             if local_level:
-                self._kind = "local-delta" if self._local_next_delta() else "local"
+                kind = "local-delta" if self._local_next_delta() else "local"
+                self._local_inflight.append(step)
+                self._local_info[step] = [kind, time.perf_counter(), 0.0]
             else:
+                self._step_meta, self._started[step] = meta or {}, time.perf_counter()
                 tmp = store.tmp_dir(self.root, step)
                 if tmp.exists():
                     shutil.rmtree(tmp)
@@ -265,8 +163,10 @@ class Checkpointer:
                 tmp.chmod(self.dir_mode)            # exactly the configured mode, whatever the umask
                 delta = self._since_full is not None and self._since_full + 1 < self.full_every
                 self._kind = "delta" if delta else "full"
+            word = {"local": LOCAL, "local-delta": LOCAL_DELTA}[kind] if local_level else \
+                {"full": FULL, "delta": DELTA}[self._kind]
             for r in self.ctx.ps_world_ranks:
-                self._put(r, KIND, {"full": FULL, "delta": DELTA, "local": LOCAL, "local-delta": LOCAL_DELTA}[self._kind])
+                self._put(r, KIND, word)
                 self._put(r, REQUEST, step)
         if local_level:                 # every worker follows the chain (a host's first one writes it down)
             delta = self._local_next_delta()
@@ -284,10 +184,11 @@ class Checkpointer:
                 self._local_pending, self._local_meta = step, meta or {}
             else:
                 self._deferred = ("pfs", store.tmp_dir(self.root, step) / "dense.h5", step, dense)
-            if self.is_lead:
                 self._pending = step
             self._start_dense(block=False)
         self.stall_seconds.append(time.perf_counter() - t0)
+        if self.is_lead and local_level:
+            self._local_info[step][2] = self.stall_seconds[-1]
         if not self.early:             # the workers leave the cut together (they waited for the copies)
             self.ctx.worker_comm.Barrier()
 
@@ -297,8 +198,37 @@ class Checkpointer:
         return self._local_since is not None and self._local_since + 1 < self.local_full_every
 
     def in_flight(self) -> bool:
-        """Whether a checkpoint this worker takes part in writing is not committed yet. Local."""
-        return self._pending is not None or self._local_pending is not None or self._deferred is not None
+        """Whether a node-local checkpoint due now would wait: worker 0 has ``LOCAL_QUEUE`` in
+        flight. Local."""
+        return len(self._local_inflight) >= self.LOCAL_QUEUE
+
+    def _local_room(self) -> None:
+        """Before a node-local checkpoint: this host's previous dense part committed (a few MB,
+        written since), and worker 0 has fewer than ``LOCAL_QUEUE`` in flight. Local."""
+        self._start_dense(block=True)
+        self._commit_dense_part(block=True)
+        if self.is_lead:
+            self._drain_local(block=False)
+            while len(self._local_inflight) >= self.LOCAL_QUEUE:
+                time.sleep(0.001)
+                self._drain_local(block=False)
+
+    def _drain_local(self, block: bool) -> bool:
+        """Worker 0: record the node-local checkpoints every PS committed, oldest first; True when
+        none is left in flight (``block``: wait for them). Local."""
+        while self._local_inflight:
+            step = self._local_inflight[0]
+            if not self._ps_done(step):
+                if not block:
+                    return False
+                time.sleep(0.001)
+                continue
+            self._local_inflight.popleft()
+            kind, asked, stall = self._local_info.pop(step)
+            self.local_committed.append(step)
+            self.timings.append({"step": step, "kind": kind, "bytes": None, "stall_s": stall,
+                                 "write_s": time.perf_counter() - asked})
+        return True
 
     def _wait_copied(self, step: int) -> None:
         """Until every PS copied its shards for the checkpoint at ``step``."""
@@ -368,7 +298,7 @@ class Checkpointer:
         if w.error is not None:
             raise HpcpsError(f"local checkpoint at step {step}: writing dense.h5 failed: {w.error}") from w.error
         local.commit_part(self.local_dir, step, self.ctx.rank,
-                          {**self.meta, **self._local_meta, **self._job_fields(step), **_links(self._local_chain),
+                          {**self.meta, **self._local_meta, **self._job_fields(step), **links(self._local_chain),
                            "shards": [], "dense": True}, self.local_keep, self.file_mode)
         return True
 
@@ -387,7 +317,11 @@ class Checkpointer:
         worker commits its local part). Local."""
         if not self._start_dense(block) or not self._commit_dense_part(block):
             return False
-        if not self.is_lead or self._pending is None:
+        if not self.is_lead:
+            return True
+        if not self._drain_local(block) and self._pending is None:
+            return False
+        if self._pending is None:
             return True
         step = self._pending
         while True:
@@ -397,12 +331,6 @@ class Checkpointer:
             if not block:
                 return False
             time.sleep(0.001)
-        if self._level == "local":
-            self._pending = None
-            self.local_committed.append(step)
-            self.timings.append({"step": step, "kind": self._kind, "bytes": None, "stall_s": self.stall_seconds[-1],
-                                 "write_s": time.perf_counter() - self._started.pop(step)})
-            return True
         if self._writer is not None and self._writer.error is not None:
             raise HpcpsError(f"checkpoint at step {step}: writing dense.h5 failed: {self._writer.error}; "
                              f"the previous checkpoint is intact") from self._writer.error
@@ -441,12 +369,6 @@ class Checkpointer:
     def free(self) -> None:
         """Collective over the world."""
         self._win.free()
-
-
-def _links(chain: list) -> dict:
-    """A node-local part's manifest fields of its chain: ``kind`` and ``chain`` (the steps whose
-    parts a restore reads, the full one first, this one last)."""
-    return {"kind": "delta" if len(chain) > 1 else "full", "chain": list(chain)}
 
 
 def sharding_names(tables):

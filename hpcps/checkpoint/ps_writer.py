@@ -22,11 +22,17 @@ from ..core.wait import overdue
 from . import local, store
 from .shards import Background, shard_file, write_shard
 
-__all__ = ["PsWriter", "FULL", "DELTA", "LOCAL", "LOCAL_DELTA", "REQUEST", "COPIED", "WRITTEN", "ERROR", "KIND"]
+__all__ = ["PsWriter", "links", "FULL", "DELTA", "LOCAL", "LOCAL_DELTA", "REQUEST", "COPIED", "WRITTEN", "ERROR", "KIND"]
 
 logger = logging.getLogger(__name__)
 REQUEST, COPIED, WRITTEN, ERROR, KIND = 0, 1, 2, 3, 4      # control words
 FULL, DELTA, LOCAL, LOCAL_DELTA = 0, 1, 2, 3                # KIND: filesystem full / delta, node-local full / delta
+
+
+def links(chain: list) -> dict:
+    """A node-local part's manifest fields of its chain: ``kind`` and ``chain`` (the steps whose
+    parts a restore reads, the full one first, this one last)."""
+    return {"kind": "delta" if len(chain) > 1 else "full", "chain": list(chain)}
 
 
 @dataclass
@@ -170,9 +176,8 @@ class PsWriter:
             self._put(me, ERROR, step)
             return
         shards = sorted([self.ctx.ps_rank, *self.partners.received])
-        links = {"kind": "delta" if len(cut.chain) > 1 else "full", "chain": list(cut.chain)}
         try:
-            local.commit_part(self.local_dir, step, me, {**self._job_fields(step), **links,
+            local.commit_part(self.local_dir, step, me, {**self._job_fields(step), **links(cut.chain),
                                                          "shards": shards, "dense": False},
                               self.local_keep, self.file_mode)
         except OSError as e:

@@ -85,7 +85,9 @@ def _ls_local(root, local_dir) -> int:
             desc.append(f"{p['path'].name.split('.', 1)[1]} ({' + '.join(what) or 'empty'}, {size / 1e6:.2f} MB"
                         f"{', rebuilt' if man.get('rebuilt') else ''}{'' if p['ok'] else ', BROKEN: ' + p['why']})")
         num_ps = next((p["manifest"].get("num_ps") for p in mine if p["manifest"].get("num_ps")), "?")
-        print(f"  step {step:>9}  {num_ps} PS  parts: {'; '.join(desc)}")
+        chain = next((p["manifest"].get("chain") for p in mine if p["manifest"].get("chain")), [step])
+        kind = "full" if len(chain) <= 1 else f"delta on {chain[0]} (+{len(chain) - 2} between)"
+        print(f"  step {step:>9}  {num_ps} PS  {kind}  parts: {'; '.join(desc)}")
     return len(steps)
 
 
