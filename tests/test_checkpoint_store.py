@@ -308,3 +308,35 @@ def test_node_local_files_carry_crc32_and_a_checked_read_fills_the_tables_memory
     os.rename(tmp_path / "ps-00001.h5.crc32", tmp / "ps-00001.h5.crc32")
     files = store.file_digests(tmp, "crc32")
     assert files == {"ps-00001.h5": {"bytes": len(data), "crc32": side}}
+
+
+def test_node_local_pruning_waits_for_the_lagging_writer_and_keeps_chains(tmp_path):
+    # a host's dense part (rank 0) committed steps ahead of its PS's shard (rank 3), whose writes
+    # queue behind a large full one: pruning counts only steps both committed, keeps the newer ones
+    # as still written, and the steps a kept delta builds on; a kill's .tmp goes once its writer
+    # committed a later step
+    from hpcps.checkpoint import local
+
+    def commit(step, rank, chain):
+        tmp = local.part_tmp(tmp_path, step, rank)
+        tmp.mkdir(parents=True)
+        (tmp / ("dense.h5" if rank == 0 else "ps-00000.h5")).write_bytes(b"x" * 64)
+        local.commit_part(tmp_path, step, rank, {"step": step, "checkpoint_dir": "/job", "chain": chain}, keep=2,
+                          writers=[0, 3])
+
+    def steps():
+        return sorted({p["step"] for p in local.scan(tmp_path, check=False)})
+
+    chains = {10: [10], 20: [10, 20], 30: [10, 20, 30], 40: [40], 50: [40, 50], 60: [40, 50, 60]}
+    for s in (10, 20, 30, 40, 50, 60):
+        commit(s, 0, chains[s])                      # the dense parts run ahead
+    commit(10, 3, chains[10])
+    assert steps() == [10, 20, 30, 40, 50, 60]      # only step 10 is whole here: all kept
+    local.part_tmp(tmp_path, 20, 3).mkdir()          # rank 3's unfinished parts at 15 and 20 (a kill)
+    local.part_tmp(tmp_path, 15, 3).mkdir()
+    commit(40, 3, chains[40])                        # (it writes in order: they are abandoned)
+    assert not local.part_tmp(tmp_path, 15, 3).exists() and not local.part_tmp(tmp_path, 20, 3).exists()
+    assert steps() == [10, 40, 50, 60]               # whole: 10 and 40 (kept); 50, 60 still written
+    commit(50, 3, chains[50])
+    commit(60, 3, chains[60])
+    assert steps() == [40, 50, 60]                   # the newest two whole steps, and 40 under them

@@ -61,6 +61,8 @@ class Checkpointer(PsWriter):
         self.local_dir, self.local_keep = (Path(local_dir) if local_dir else None), local_keep
         node_workers = [r for r in sorted(ctx.node_ranks) if r in set(ctx.worker_world_ranks)]
         self.holder = ctx.is_worker and ctx.rank == node_workers[0]    # writes this host's dense part
+        # the ranks of this host that write node-local parts (pruning counts a step once all did)
+        self.local_writers = sorted({r for r in ctx.node_ranks if r in set(ctx.ps_world_ranks)} | set(node_workers[:1]))
         self.partners = Partners(ctx, file_mode) if ctx.is_ps and self.local_dir else None
         self._local_pending = None    # a host's first worker: the local step its dense part is being written for
         self._dense_writer = None     # ... and the thread writing it
@@ -299,7 +301,8 @@ class Checkpointer(PsWriter):
             raise HpcpsError(f"local checkpoint at step {step}: writing dense.h5 failed: {w.error}") from w.error
         local.commit_part(self.local_dir, step, self.ctx.rank,
                           {**self.meta, **self._local_meta, **self._job_fields(step), **links(self._local_chain),
-                           "shards": [], "dense": True}, self.local_keep, self.file_mode)
+                           "shards": [], "dense": True}, self.local_keep, self.file_mode,
+                          writers=self.local_writers)
         return True
 
     def _ps_done(self, step: int) -> bool:

@@ -78,9 +78,10 @@ def write_bytes(path, data, tagged: str, file_mode: int = store.FILE_MODE) -> No
 
 
 def commit_part(root, step: int, rank: int, manifest: dict, keep: int, file_mode: int = store.FILE_MODE,
-                copy: int = 0) -> Path:
+                copy: int = 0, writers=None) -> Path:
     """Commit world rank ``rank``'s part of checkpoint ``step`` (its files in :func:`part_tmp`), then
-    prune this host's parts to the newest ``keep`` steps. Local."""
+    prune this host's parts (:func:`prune`; ``writers``: the ranks of this host that write parts).
+    Local."""
     tmp, final = part_tmp(root, step, rank, copy), part_dir(root, step, rank, copy)
     files = store.file_digests(tmp, ALGO)
     store.write_new(tmp / store.MANIFEST, store.dumps({**manifest, "files": files, "level": "local"}), file_mode)
@@ -89,7 +90,7 @@ def commit_part(root, step: int, rank: int, manifest: dict, keep: int, file_mode
         shutil.rmtree(final)
     os.rename(tmp, final)
     store.fsync_path(root)
-    prune(root, keep, manifest.get("checkpoint_dir"))
+    prune(root, keep, manifest.get("checkpoint_dir"), writers)
     return final
 
 
@@ -139,22 +140,38 @@ def drop_after(root, step: int, job_dir) -> None:
             _remove(p["path"])
 
 
-def prune(root, keep: int, job_dir=None) -> None:
+def prune(root, keep: int, job_dir=None, writers=None) -> None:
     """Keep this host's parts of the newest ``keep`` steps (0: all) of the job whose
     ``checkpoint.dir`` is ``job_dir``, and of the steps their chains build on (an incremental
-    part needs its full one and the deltas between); remove its other parts and the unfinished
-    parts of older steps (a kill mid-write). Local."""
+    part needs its full one and the deltas between); remove its other parts. With ``writers``
+    (the ranks of this host that write parts: each commits its own in step order, some lagging
+    behind others), only steps every writer committed count towards ``keep``, and newer ones are
+    kept as still being written. An unfinished part (``.tmp``: a kill mid-write) is removed once
+    its writer committed a later step (or, without ``writers``, when older than every step kept).
+    Local."""
     parts = [p for p in scan(root, check=False) if job_dir is None or p["manifest"].get("checkpoint_dir") == job_dir]
     steps = sorted({p["step"] for p in parts})
     if keep <= 0 or not steps:
         return
-    kept = set(steps[-keep:])
+    if writers:
+        have = {}
+        for p in parts:
+            have.setdefault(p["step"], set()).add(p["rank"])
+        done = [s for s in steps if set(writers) <= have[s]]
+        kept = set(done[-keep:]) | {s for s in steps if not done or s > done[-1]}
+    else:
+        kept = set(steps[-keep:])
     needed = kept | {s for p in parts if p["step"] in kept for s in p["manifest"].get("chain", [])}
-    oldest_kept = min(needed)
     for p in parts:
         if p["step"] not in needed:
             _remove(p["path"])
+    newest = {}
+    for p in parts:
+        newest[p["rank"]] = max(newest.get(p["rank"], -1), p["step"])
     for stale in [*Path(root).glob("step-*.r*.tmp"), *Path(root).glob("step-*.r*.del")]:
-        m = re.match(r"^step-(\d{9,})\.", stale.name)
-        if m and int(m.group(1)) < oldest_kept:
+        m = re.match(r"^step-(\d{9,})\.r(\d+)", stale.name)
+        if not m:
+            continue
+        step, rank = int(m.group(1)), int(m.group(2))
+        if stale.name.endswith(".del") or (newest.get(rank, -1) > step if writers else step < min(needed)):
             shutil.rmtree(stale, ignore_errors=True)

@@ -179,7 +179,7 @@ class PsWriter:
         try:
             local.commit_part(self.local_dir, step, me, {**self._job_fields(step), **links(cut.chain),
                                                          "shards": shards, "dense": False},
-                              self.local_keep, self.file_mode)
+                              self.local_keep, self.file_mode, writers=self.local_writers)
         except OSError as e:
             logger.error("local checkpoint at step %d: committing failed: %s", step, e)
             self._put(me, ERROR, step)
