@@ -34,3 +34,18 @@ def test_bad_sharding_args():
 def test_logical_tables_lay_segments_back_to_back():
     assert logical_tables("t", 5) == [("t", 0, 5)]                      # no segments: the table itself
     assert logical_tables("e", 10, [("a", 3), ("b", 7)]) == [("a", 0, 3), ("b", 3, 7)]
+
+
+@pytest.mark.parametrize("name", ["modulo", "range"])
+def test_ids_of_some_rows_and_in_order(name):
+    # a delta checkpoint's few rows: ids_of equals global_ids[rows] without building every id; a
+    # shard's own file is "in order" only with every row where it belongs
+    from hpcps.core.sharding import make_sharding
+    s = make_sharding(name, 100_003, 3)
+    rows = np.array([0, 5, 17, s.shard_rows(2) - 1])
+    np.testing.assert_array_equal(s.ids_of(2, rows), s.global_ids(2)[rows])
+    ids = s.global_ids(1)
+    assert s.in_order(1, ids) and not s.in_order(0, ids) and not s.in_order(1, ids[:-1])
+    swapped = ids.copy()
+    swapped[[0, -1]] = swapped[[-1, 0]]
+    assert not s.in_order(1, swapped)

@@ -45,6 +45,7 @@ class _Cut:
     chain: list
     chunked: list = field(default_factory=list)
     snaps: dict | None = None
+    copies: list = field(default_factory=list)     # [(table, ChunkedSnapshot)] copied, for their arrays' reuse
 
 
 class PsWriter:
@@ -121,7 +122,7 @@ class PsWriter:
         while time.perf_counter() - t0 < 0.001:
             if all([snap.step() for _, snap in cut.chunked]):
                 cut.snaps = {t.name: snap.result() for t, snap in cut.chunked}
-                cut.chunked = []
+                cut.copies, cut.chunked = cut.chunked, []
                 break
         return True
 
@@ -150,6 +151,9 @@ class PsWriter:
             if self._writer.is_alive():
                 return
             w, self._writer = self._writer, None
+            for t, snap in cut.copies:               # its arrays are free: the next full copy reuses them
+                t.recycle_snapshot(snap)
+            cut.copies = []
             if w.error is not None:
                 logger.error("checkpoint at step %d: writing %s failed: %s", cut.step, shard_file(self.ctx.ps_rank),
                              w.error)

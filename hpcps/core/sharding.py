@@ -54,6 +54,10 @@ class _Sharding:
         """Row of each id inside its owner's shard. Local."""
         return self.place(ids)[1]
 
+    def ids_of(self, ps: int, rows: np.ndarray) -> np.ndarray:
+        """Global ids of PS ``ps``'s local ``rows`` (a few, out of a large shard). Local."""
+        return self.global_ids(ps)[rows]
+
     def in_order(self, ps: int, ids: np.ndarray) -> bool:
         """Whether ``ids`` are all of PS ``ps``'s rows in its local order, checked at 4096 places
         and both ends (for a file of that very shard whose checksum passed: placing every id of a
@@ -98,6 +102,9 @@ class ModuloSharding(_Sharding):
         stop = n if stop is None else min(stop, n)
         return np.arange(start, stop, dtype=np.int64) * self.num_ps + ps
 
+    def ids_of(self, ps: int, rows: np.ndarray) -> np.ndarray:
+        return np.asarray(rows, np.int64) * self.num_ps + ps
+
 
 @dataclass(frozen=True)
 class RangeSharding(_Sharding):
@@ -122,6 +129,9 @@ class RangeSharding(_Sharding):
         n = self.shard_rows(ps)
         stop = n if stop is None else min(stop, n)
         return np.arange(start, max(start, stop), dtype=np.int64) + ps * self.span
+
+    def ids_of(self, ps: int, rows: np.ndarray) -> np.ndarray:
+        return np.asarray(rows, np.int64) + ps * self.span
 
 
 _BY_NAME = {"modulo": ModuloSharding, "range": RangeSharding}

@@ -167,6 +167,7 @@ class EmbeddingTable(Checkpointable):
         self._state = {}                        # PS: optimizer state arrays of the shard
         self._tensors = None                    # PS: the shard and state as torch tensors (_ps_tensors)
         self._snap = None                       # PS: a chunked snapshot in progress (begin_snapshot)
+        self._spare = None                      # PS: the last one's arrays, once written (recycle_snapshot)
         if ctx.is_ps:
             self._fill_initial(local_rows)
             if self.half is not None:
