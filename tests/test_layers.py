@@ -30,7 +30,7 @@ LAYERS = [
     ("hpcps.checkpoint", ["hpcps.checkpoint", "hpcps.core", "hpcps.errors", "hpcps._version"]),
     ("hpcps.train", ["hpcps.train", "hpcps.context", "hpcps.sparse", "hpcps.dense", "hpcps.nn", "hpcps.models",
                      "hpcps.data", "hpcps.checkpoint", "hpcps.config", "hpcps.metrics", "hpcps.stopping",
-                     "hpcps.core"]),
+                     "hpcps.core", "hpcps.errors"]),
     ("hpcps.reference", ["hpcps.train", "hpcps.config", "hpcps.data", "hpcps.models", "hpcps.core"]),
     ("hpcps.demo", ["hpcps.context", "hpcps.sparse", "hpcps.optim", "hpcps.core"]),
     ("hpcps.report", ["hpcps.metrics"]),
