@@ -101,3 +101,30 @@ def test_chained_jobs_resume_one_after_another_and_a_finished_one_exits_at_once(
     third = [json.loads(l)["final"] for l in logs[2].splitlines() if l.startswith('{"final"')][-1]
     assert third["start_step"] == third["steps"] == 40           # nothing left: it only evaluated
     assert all(int(i["Restarts"]) == 0 for i in infos) and out.exists()
+
+
+def _ranks_of(ck: Path) -> list:
+    """PIDs of the training ranks (python processes, not srun) of the job writing to ``ck``."""
+    r = subprocess.run(["pgrep", "-f", f"hpcps train .*checkpoint.dir={ck}"], capture_output=True, text=True)
+    return [int(p) for p in r.stdout.split()
+            if Path(f"/proc/{p}/exe").exists() and "python" in os.readlink(f"/proc/{p}/exe")]
+
+
+def test_a_rank_killed_mid_run_is_relaunched_in_the_allocation_from_the_local_level(slurm, tmp_path):
+    """HPCPS_RELAUNCHES: a rank killed with SIGKILL fails the job step; the batch script launches it
+    again in the same allocation (no requeue), and the relaunch resumes from the node-local level."""
+    ck, log, metrics, local = tmp_path / "ck", tmp_path / "job.log", tmp_path / "m.jsonl", tmp_path / "local"
+    env = slurm.job_env(ck, HPCPS_STEP_DELAY=0.2, HPCPS_MAX_RESTARTS=0, HPCPS_RELAUNCHES=1,
+                        HPCPS_LOCAL_DIR=local, HPCPS_LOCAL_EVERY=2)
+    job = slurm.sbatch(env, log, ["--time=10"], ["job.steps=20", f"metrics.path={metrics}", "job.log_every=1"])
+    slurm.wait(job, 180, until=lambda info: steps_done(metrics) >= 5)
+    victims = _ranks_of(ck)
+    assert len(victims) == 4, victims
+    os.kill(victims[-1], 9)
+    info = slurm.wait(job, 240)
+    text = log.read_text()
+    assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) == 0, slurm.diagnose(info, text)
+    assert "relaunching the job step in this allocation (0 relaunch(es) left)" in text
+    assert "the node-local level" in text and "training finished" in text
+    final = [json.loads(l)["final"] for l in text.splitlines() if l.startswith('{"final"')][-1]
+    assert final["restored_from"] == "local" and final["start_step"] >= 2 and final["steps"] == 20

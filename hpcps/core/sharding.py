@@ -65,7 +65,8 @@ class _Sharding:
         n = self.shard_rows(ps)
         if ids.size != n:
             return False
-        at = np.unique(np.linspace(0, n - 1, min(n, 4096)).astype(np.int64))
+        at = np.linspace(0, n - 1, min(n, 4096)).astype(np.int64)     # rising: np.unique would import numpy.ma (0.1 s)
+        at = at[np.r_[True, at[1:] != at[:-1]]]
         owner, local = self.place(np.asarray(ids[at], np.int64))
         return bool((owner == ps).all() and np.array_equal(local, at))
 
