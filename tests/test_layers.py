@@ -41,7 +41,7 @@ LAYERS = [
 ]
 PURE = ["hpcps", "hpcps.config", "hpcps.core.ids", "hpcps.core.sharding", "hpcps.core.optimizers",
         "hpcps.core.settings", "hpcps.core.layout", "hpcps.core.wait", "hpcps.core.malloc", "hpcps.core.process",
-        "hpcps.core.inputs",
+        "hpcps.core.inputs", "hpcps.core.hashindex", "hpcps.core.dynshard",
         "hpcps.data", "hpcps.models", "hpcps.metrics", "hpcps.optim", "hpcps.stopping", "hpcps.baseline"]
 
 

@@ -1,0 +1,158 @@
+"""One PS's shard of a dynamic embedding table: rows created on first use, admitted after
+``admit_min_count`` sightings, evicted (``lru`` or ``lfu``) when the shard is full (issue 26).
+
+A shard holds ``capacity`` rows of ``dim`` floats and the sparse optimizer's state beside them, a
+:class:`~hpcps.core.hashindex.HashIndex` from ids to rows, and per row the last step that
+touched it and how many times it was used. :meth:`DynamicShard.resolve` turns a step's ids into
+rows: present ids as they are, new admitted ids into free rows (their values
+``hpcps.initial_rows(seed, name, [id], dim)``, as in a fixed table, their state fresh), evicting
+rows not touched in this step when none are free; ids not admitted get -1 (their pull is their
+initial row, their push is dropped and counted). Admission counts sightings in a count-min
+sketch: bounded memory, never fewer than the true count (so an id is admitted at its
+``admit_min_count``-th sighting or, on a hash collision, sooner). No MPI here: local.
+"""
+
+import numpy as np
+import torch
+
+from .ids import initial_rows, splitmix64
+from .optimizers import SparseOptimizer, new_state
+from .hashindex import HashIndex
+
+__all__ = ["Admission", "DynamicShard", "EVICTIONS"]
+
+EVICTIONS = ("lru", "lfu")
+
+
+class Admission:
+    """Sightings of ids not stored yet, in a count-min sketch (``depth`` rows of ``width``
+    counters). Local."""
+
+    def __init__(self, min_count: int, width: int = 1 << 20, depth: int = 4, seed: int = 0):
+        if int(min_count) < 1:
+            raise ValueError(f"admit_min_count must be >= 1, got {min_count}")
+        self.min_count = int(min_count)
+        self.counts = np.zeros((depth, width), np.uint32) if self.min_count > 1 else None
+        self._salts = splitmix64(np.arange(depth, dtype=np.uint64) + np.uint64(seed) * np.uint64(depth))
+
+    def admit(self, ids: np.ndarray, times: np.ndarray) -> np.ndarray:
+        """Count ``times[i]`` more sightings of distinct ``ids[i]``; which of them are admitted
+        now (seen at least ``min_count`` times). Local."""
+        if self.counts is None:
+            return np.ones(ids.size, bool)
+        depth, width = self.counts.shape
+        cols = (splitmix64(ids.view(np.uint64)[None, :] ^ self._salts[:, None]) % np.uint64(width)).astype(np.int64)
+        est = np.full(ids.size, np.iinfo(np.uint32).max, np.uint64)
+        for d in range(depth):
+            np.add.at(self.counts[d], cols[d], times.astype(np.uint32))
+            est = np.minimum(est, self.counts[d, cols[d]])
+        return est >= self.min_count
+
+
+class DynamicShard:
+    """Rows, optimizer state and index of one PS's part of dynamic table ``name``. Local."""
+
+    def __init__(self, name: str, dim: int, capacity: int, optimizer: SparseOptimizer, seed: int = 0,
+                 admit_min_count: int = 1, evict: str = "lru", init: str = "uniform", scale: float | None = None):
+        if evict not in EVICTIONS:
+            raise ValueError(f"table {name!r}: evict must be one of {', '.join(EVICTIONS)}, got {evict!r}")
+        self.name, self.dim, self.seed, self.evict = name, int(dim), int(seed), evict
+        self.optimizer, self.init, self.scale = optimizer, init, scale
+        self.index = HashIndex(capacity)
+        self.rows = np.zeros((capacity, self.dim), np.float32)
+        self.state = new_state(optimizer, capacity, self.dim) if optimizer.stateful else {}
+        self._fresh = {k: v[:1].copy() for k, v in self.state.items()}    # a new row's state
+        self.last = np.full(capacity, -1, np.int64)      # last step that touched each row
+        self.uses = np.zeros(capacity, np.int64)
+        self.admission = Admission(admit_min_count, seed=seed)
+        self.counters = {"inserts": 0, "evictions": 0, "rejected": 0}
+        self.applies = 0
+
+    @property
+    def capacity(self) -> int:
+        return self.index.capacity
+
+    def stats(self) -> dict:
+        """``size``, ``capacity``, ``inserts``, ``evictions``, ``rejected`` of this shard. Local."""
+        return {"size": self.index.size, "capacity": self.capacity, **self.counters}
+
+    def initial(self, ids: np.ndarray) -> np.ndarray:
+        """The initial rows of ``ids`` (as a fixed table's: ``hpcps.initial_rows``). Local."""
+        return initial_rows(self.seed, self.name, ids, self.dim, self.scale, kind=self.init)
+
+    def resolve(self, ids, step: int) -> np.ndarray:
+        """The row of each of a step's ``ids`` (int64, any values, repeats allowed), -1 for one not
+        admitted; new admitted ids inserted, evicting rows no id of ``step`` touched when the
+        shard is full. Raises ``ValueError`` when this step's ids need more rows than the shard
+        has (before changing anything). Local."""
+        ids = np.asarray(ids).reshape(-1)
+        if ids.dtype != np.int64:
+            raise TypeError(f"table {self.name!r}: ids must be int64, got {ids.dtype}")
+        uniq, inv, times = np.unique(ids, return_inverse=True, return_counts=True)
+        if uniq.size > self.capacity:
+            raise ValueError(f"table {self.name!r}: {uniq.size} distinct ids in one step, more than this "
+                             f"shard's capacity of {self.capacity} rows (raise capacity)")
+        rows = self.index.find(uniq)
+        new = np.flatnonzero(rows < 0)
+        if new.size:
+            admitted = new[self.admission.admit(uniq[new], times[new])]
+            self._make_room(admitted.size, step, rows[rows >= 0])
+            got = self.index.insert(uniq[admitted])
+            self.rows[got] = self.initial(uniq[admitted])
+            for k, v in self.state.items():
+                v[got] = self._fresh[k]
+            self.uses[got] = 0
+            rows[admitted] = got
+            self.counters["inserts"] += got.size
+        hit = rows >= 0
+        self.last[rows[hit]] = step
+        self.uses[rows[hit]] += times[hit]
+        return rows[inv]
+
+    def _make_room(self, n: int, step: int, keep: np.ndarray) -> None:
+        """Free rows for ``n`` new ids: evict the least recently (``lru``) or least often (``lfu``)
+        used rows, never one touched at ``step`` or in ``keep``."""
+        need = n - self.index.free
+        if need <= 0:
+            return
+        _, live = self.index.live()
+        spare = np.ones(self.capacity, bool)
+        spare[keep] = False
+        live = live[spare[live] & (self.last[live] != step)]
+        if live.size < need:
+            raise ValueError(f"table {self.name!r}: step {step} needs {n} new rows; {self.index.free} are free and "
+                             f"{live.size} not used in this step: the shard's {self.capacity} rows are too few "
+                             f"for one step's ids (raise capacity)")
+        # lru: oldest step first, then fewest uses; lfu: fewest uses first, then oldest
+        first, second = (self.last, self.uses) if self.evict == "lru" else (self.uses, self.last)
+        order = np.lexsort((live, second[live], first[live]))
+        victims = live[order[:need]]
+        self.index.remove(victims)
+        self.counters["evictions"] += victims.size
+
+    def pull(self, rows: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        """Rows ``rows`` (from :meth:`resolve`); an id not admitted (-1) gets its initial row. Local."""
+        out = self.rows[np.maximum(rows, 0)]
+        miss = rows < 0
+        if miss.any():
+            out[miss] = self.initial(np.asarray(ids, np.int64).reshape(-1)[miss])
+        return out
+
+    def push(self, rows: np.ndarray, grads: np.ndarray, step: int) -> None:
+        """Apply the summed gradients of ``rows`` (distinct, from :meth:`resolve`) with the
+        optimizer; rows -1 (not admitted) are dropped and counted in ``rejected``. Local."""
+        keep = rows >= 0
+        self.counters["rejected"] += int(np.count_nonzero(~keep))
+        rows, grads = rows[keep], grads[keep]
+        self.applies += 1
+        if rows.size:
+            state = {k: torch.from_numpy(v) for k, v in self.state.items()}
+            self.optimizer.apply(torch.from_numpy(self.rows), state, torch.from_numpy(rows),
+                                 torch.from_numpy(np.ascontiguousarray(grads, np.float32)), step, self.applies)
+
+    def snapshot(self) -> dict:
+        """Every live row: ``ids``, ``weights``, ``state``, ``last``, ``uses``, and the counters. Local."""
+        ids, rows = self.index.live()
+        return {"ids": ids, "weights": self.rows[rows], "state": {k: v[rows] for k, v in self.state.items()},
+                "last": self.last[rows], "uses": self.uses[rows], "counters": dict(self.counters),
+                "applies": self.applies}

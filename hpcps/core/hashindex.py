@@ -1,0 +1,159 @@
+"""An open-addressing hash index from any int64 id to a row of a PS's shard of a dynamic table,
+vectorized over a step's ids (the PS-side core of dynamic embedding tables, issue 26).
+
+Where an id lives is a pure function of the id: :func:`owner_of` picks its PS (``splitmix64(id)
+mod num_ps``, the same in every run and for every id, so a checkpoint reshards to any PS count),
+and :func:`bucket_of` its first bucket on that PS from other bits (a second hash, salted). No
+table size bounds the ids: negative ones and ones at or above 2**62 are ids like any other.
+
+Layout (every array may be a view of window memory, for readers on the same host): ``2**k``
+buckets, at least twice the row capacity, each a key and a row (``EMPTY``, ``GONE``: a removed
+entry whose probe chain goes on, or the row); linear probing; per row its key; a stack of free
+rows. Removed entries are swept by a rebuild once live and removed ones fill 3/4 of the buckets.
+Only the owner writes (inserts, removals, rebuilds). No MPI here: every function is local.
+"""
+
+import numpy as np
+
+from .ids import splitmix64
+
+__all__ = ["HashIndex", "owner_of", "bucket_of", "EMPTY", "GONE"]
+
+EMPTY, GONE = -1, -2
+_SALT = np.uint64(0x2545F4914F6CDD1D)     # bucket hash: other bits than the owner's
+
+
+def _u64(ids) -> np.ndarray:
+    ids = np.asarray(ids)
+    if ids.dtype != np.int64:
+        raise TypeError(f"ids must be int64, got {ids.dtype}")
+    return ids.reshape(-1).view(np.uint64)
+
+
+def owner_of(ids, num_ps: int) -> np.ndarray:
+    """The PS that owns each int64 id: ``splitmix64(id) % num_ps`` (int64). Local."""
+    if num_ps < 1:
+        raise ValueError(f"num_ps must be >= 1, got {num_ps}")
+    return (splitmix64(_u64(ids)) % np.uint64(num_ps)).astype(np.int64)
+
+
+def bucket_of(ids, mask: int) -> np.ndarray:
+    """Each id's first bucket in a table of ``mask + 1`` (a power of 2) buckets (int64). Local."""
+    return (splitmix64(_u64(ids) ^ _SALT) & np.uint64(mask)).astype(np.int64)
+
+
+class HashIndex:
+    """Ids to rows ``[0, capacity)`` of one PS's shard. ``find`` looks ids up, ``insert`` adds
+    absent ones (taking free rows), ``remove`` drops rows. Local (the owning PS writes; readers
+    of the same arrays must not race a write)."""
+
+    def __init__(self, capacity: int, buckets: int | None = None):
+        if int(capacity) < 1:
+            raise ValueError(f"capacity must be >= 1 row, got {capacity}")
+        self.capacity = int(capacity)
+        n = buckets or max(8, 1 << (2 * self.capacity - 1).bit_length())
+        if n & (n - 1) or n < 2 * self.capacity:
+            raise ValueError(f"buckets must be a power of 2 and >= 2 x capacity, got {n} for {capacity}")
+        self.mask = n - 1
+        self.keys = np.zeros(n, np.int64)
+        self.slot = np.full(n, EMPTY, np.int64)
+        self.row_key = np.zeros(self.capacity, np.int64)
+        self._free = np.arange(self.capacity - 1, -1, -1, dtype=np.int64)    # a stack: row 0 first
+        self._nfree = self.capacity
+        self.size = 0                   # live entries
+        self.gone = 0                   # removed entries not yet swept
+
+    @property
+    def free(self) -> int:
+        """Rows not holding an id. Local."""
+        return self._nfree
+
+    def _probe(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(rows, buckets)`` of ``ids`` (-1 where absent)."""
+        rows = np.full(ids.size, -1, np.int64)
+        where = np.full(ids.size, -1, np.int64)
+        pos = bucket_of(ids, self.mask)
+        todo = np.arange(ids.size)
+        while todo.size:
+            p = pos[todo]
+            s = self.slot[p]
+            hit = (s >= 0) & (self.keys[p] == ids[todo])
+            rows[todo[hit]], where[todo[hit]] = s[hit], p[hit]
+            todo = todo[~hit & (s != EMPTY)]           # an empty bucket ends a miss's chain
+            pos[todo] = (pos[todo] + 1) & self.mask
+        return rows, where
+
+    def find(self, ids) -> np.ndarray:
+        """The row of each id, -1 where absent (int64). Local."""
+        ids = np.asarray(ids, np.int64).reshape(-1)
+        _u64(ids)
+        return self._probe(ids)[0]
+
+    def insert(self, ids) -> np.ndarray:
+        """Add ``ids`` (distinct, none present: :meth:`find` them first), each in a free row;
+        returns their rows. Raises ``ValueError`` when fewer rows are free. Local."""
+        ids = np.asarray(ids, np.int64).reshape(-1)
+        if ids.size > self._nfree:
+            raise ValueError(f"{ids.size} new ids, {self._nfree} free rows of {self.capacity}")
+        if ids.size == 0:
+            return np.zeros(0, np.int64)
+        if self.size + self.gone + ids.size > (self.mask + 1) * 3 // 4:
+            self._rebuild()
+        rows = self._free[self._nfree - ids.size:self._nfree][::-1].copy()
+        self._nfree -= ids.size
+        pos = bucket_of(ids, self.mask)
+        todo = np.arange(ids.size)
+        while todo.size:
+            p = pos[todo]
+            open_ = self.slot[p] < 0                   # empty, or a removed entry's bucket
+            cand = todo[open_]
+            if cand.size:
+                _, first = np.unique(pos[cand], return_index=True)   # one id a bucket a round
+                win = cand[first]
+                b = pos[win]
+                self.gone -= int(np.count_nonzero(self.slot[b] == GONE))
+                self.keys[b], self.slot[b] = ids[win], rows[win]
+                placed = np.zeros(ids.size, bool)
+                placed[win] = True
+                todo = todo[~placed[todo]]
+            pos[todo] = (pos[todo] + 1) & self.mask
+        self.row_key[rows] = ids
+        self.size += ids.size
+        return rows
+
+    def remove(self, rows) -> None:
+        """Drop the ids held in ``rows`` (distinct live rows); the rows are free again. Local."""
+        rows = np.asarray(rows, np.int64).reshape(-1)
+        if rows.size == 0:
+            return
+        got, where = self._probe(self.row_key[rows])
+        if (got != rows).any():
+            raise ValueError("remove(): a row that holds no id")
+        self.slot[where] = GONE
+        self.gone += rows.size
+        self.size -= rows.size
+        self._free[self._nfree:self._nfree + rows.size] = rows
+        self._nfree += rows.size
+
+    def live(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(ids, rows)`` of every live entry, in bucket order. Local."""
+        at = np.flatnonzero(self.slot >= 0)
+        return self.keys[at].copy(), self.slot[at].copy()
+
+    def _rebuild(self) -> None:
+        """Sweep removed entries: every live one placed again from its first bucket."""
+        ids, rows = self.live()
+        self.slot[:] = EMPTY
+        self.gone = 0
+        pos = bucket_of(ids, self.mask)
+        todo = np.arange(ids.size)
+        while todo.size:
+            p = pos[todo]
+            cand = todo[self.slot[p] == EMPTY]
+            _, first = np.unique(pos[cand], return_index=True)
+            win = cand[first]
+            self.keys[pos[win]], self.slot[pos[win]] = ids[win], rows[win]
+            placed = np.zeros(ids.size, bool)
+            placed[win] = True
+            todo = todo[~placed[todo]]
+            pos[todo] = (pos[todo] + 1) & self.mask
