@@ -1,0 +1,230 @@
+"""Dynamic embedding tables: rows keyed by any int64 id, made on first use (issue 26; in progress).
+
+Each PS holds a :class:`hpcps.core.dynshard.DynamicShard` of ``capacity / num_ps`` rows and
+serves the table from its serve loop (a service hook). A worker's pull sends each owner
+(:func:`hpcps.core.hashindex.owner_of`) the distinct ids it owns, one message per owner per call,
+and gets their rows back; a push sends each owner its ids and their summed gradients. In sync
+mode every worker sends each owner exactly one push message a step (empty when it has nothing
+for it), the PS keeps them by worker, and before the step's apply (:attr:`StepControl.before_apply`)
+it waits for all of them and applies their sum in worker order: the same bits in every run. In
+async and ssp modes a push is applied when it arrives. ``stats()`` asks every PS for its counters.
+
+Messages travel on a communicator of the table's own (a duplicate of the world), as bytes: a
+header ``[kind, step, n]`` (int64) and then ids (int64) and gradients (float32).
+"""
+
+import numpy as np
+from mpi4py import MPI
+
+from ..core.dynshard import EVICTIONS, DynamicShard
+from ..core.hashindex import owner_of
+from ..core.optimizers import SGD, SparseOptimizer
+from ..errors import RoleError
+from .validate import as_grads
+
+__all__ = ["DynamicEmbeddingTable"]
+
+PULL, PUSH, STATS = 1, 2, 3
+_REPLY = 4
+
+
+def _ids(name: str, ids) -> np.ndarray:
+    arr = np.asarray(ids.detach().cpu().numpy() if hasattr(ids, "detach") else ids)
+    if arr.size == 0 and arr.dtype.kind in "fO":
+        arr = arr.astype(np.int64)
+    if arr.dtype.kind not in "iu" or (arr.dtype.kind == "u" and arr.dtype.itemsize == 8):
+        raise ValueError(f"table {name!r}: ids must be integers that fit int64, got dtype {arr.dtype}")
+    if arr.ndim != 1:
+        raise ValueError(f"table {name!r}: ids must be 1-D, got shape {arr.shape}")
+    return arr.astype(np.int64, copy=False)
+
+
+def _pack(kind: int, step: int, ids: np.ndarray, grads: np.ndarray | None = None) -> np.ndarray:
+    parts = [np.array([kind, step, ids.size], np.int64).view(np.uint8), ids.view(np.uint8)]
+    if grads is not None:
+        parts.append(np.ascontiguousarray(grads, np.float32).reshape(-1).view(np.uint8))
+    return np.concatenate(parts)
+
+
+class _Handle:
+    """What ``pull_async``/``push_async`` return: ``wait()`` gives the rows (pull) or None."""
+
+    def __init__(self, finish):
+        self._finish, self._done, self._value = finish, False, None
+
+    def wait(self):
+        if not self._done:
+            self._value, self._done = self._finish(), True
+        return self._value
+
+
+class DynamicEmbeddingTable:
+    """A table of ``dim`` floats per int64 id, ``capacity`` rows over all PS ranks. Collective over
+    the world (create it on every rank, in the same order as the other tables)."""
+
+    def __init__(self, ctx, name: str, dim: int, capacity: int, optimizer: SparseOptimizer | None = None,
+                 seed: int = 0, admit_min_count: int = 1, evict: str = "lru", init: str = "uniform",
+                 scale: float | None = None):
+        if not isinstance(dim, (int, np.integer)) or dim < 1:
+            raise ValueError(f"table {name!r}: dim must be an integer >= 1, got {dim!r}")
+        if not isinstance(capacity, (int, np.integer)) or capacity < ctx.num_ps:
+            raise ValueError(f"table {name!r}: capacity must be an integer of at least one row per PS "
+                             f"({ctx.num_ps}), got {capacity!r}")
+        if evict not in EVICTIONS:
+            raise ValueError(f"table {name!r}: evict must be one of {', '.join(EVICTIONS)}, got {evict!r}")
+        if not isinstance(admit_min_count, (int, np.integer)) or admit_min_count < 1:
+            raise ValueError(f"table {name!r}: admit_min_count must be an integer >= 1, got {admit_min_count!r}")
+        self.optimizer = optimizer if optimizer is not None else SGD(lr=0.01)
+        self.optimizer.check()
+        self.ctx, self.name, self.dim, self.capacity = ctx, name, int(dim), int(capacity)
+        self.comm = ctx.world.Dup()                           # collective
+        P = ctx.num_ps
+        self.shard = None
+        self._sends = []                                      # outstanding Isends (requests, buffers)
+        if ctx.is_ps:
+            cap = self.capacity // P + (ctx.ps_rank < self.capacity % P)
+            self.shard = DynamicShard(name, self.dim, cap, self.optimizer, seed, int(admit_min_count), evict,
+                                      init, scale)
+            self._staged = {}                                 # sync: step -> {worker: (ids, grads)}
+            self._worker_of = {r: w for w, r in enumerate(ctx.worker_world_ranks)}
+            ctx.add_service_hook(self._serve)
+            ctx.control.before_apply.append(self._apply_step)
+        ctx.add_resource(self)
+
+    # ------------------------------------------------------------ worker side
+    def _worker(self, what: str) -> None:
+        if not self.ctx.is_worker:
+            raise RoleError(f"table {self.name!r}: {what}() is for worker ranks")
+
+    def _split(self, ids: np.ndarray):
+        own = owner_of(ids, self.ctx.num_ps)
+        return [np.flatnonzero(own == p) for p in range(self.ctx.num_ps)]
+
+    def _flush(self) -> None:
+        MPI.Request.Waitall([r for r, _ in self._sends])
+        self._sends = []
+
+    def pull_async(self, ids) -> _Handle:
+        """Rows of ``ids`` (any int64 values, repeats allowed): ``wait()`` gives float32 ``(n, dim)``.
+        A new id's row is its initial row (``hpcps.initial_rows``); it is stored once admitted.
+        Local (one message to and from each owning PS)."""
+        self._worker("pull")
+        ids = _ids(self.name, ids)
+        step = self.ctx.control.step
+        out = np.empty((ids.size, self.dim), np.float32)
+        parts = []
+        for p, at in enumerate(self._split(ids)):
+            if at.size == 0:
+                continue
+            uniq, inv = np.unique(ids[at], return_inverse=True)
+            buf = np.empty((uniq.size, self.dim), np.float32)
+            dst = self.ctx.ps_world_ranks[p]
+            recv = self.comm.Irecv(buf, source=dst, tag=_REPLY + PULL)
+            msg = _pack(PULL, step, uniq)
+            self._sends.append((self.comm.Isend(msg, dest=dst, tag=PULL), msg))
+            parts.append((recv, buf, at, inv))
+
+        def finish():
+            for recv, buf, at, inv in parts:
+                recv.Wait()
+                out[at] = buf[inv]
+            self._flush()
+            return out
+        return _Handle(finish)
+
+    def pull(self, ids) -> np.ndarray:
+        """``pull_async(ids).wait()``. Local."""
+        return self.pull_async(ids).wait()
+
+    def push_async(self, ids, grads) -> _Handle:
+        """Send the gradients of ``ids`` (float32 ``(n, dim)``, finite; repeated ids summed) to their
+        PS ranks. In sync mode call it once a step (every PS gets one message from every worker).
+        Local."""
+        self._worker("push")
+        ids = _ids(self.name, ids)
+        grads = as_grads(self.name, grads, ids.size, self.dim)
+        step = self.ctx.control.step
+        for p, at in enumerate(self._split(ids)):
+            if at.size == 0 and self.ctx.control.kind != "sync":
+                continue
+            uniq, inv = np.unique(ids[at], return_inverse=True)
+            summed = np.zeros((uniq.size, self.dim), np.float32)
+            np.add.at(summed, inv, grads[at])
+            msg = _pack(PUSH, step, uniq, summed)
+            self._sends.append((self.comm.Isend(msg, dest=self.ctx.ps_world_ranks[p], tag=PUSH), msg))
+        return _Handle(self._flush)
+
+    def push(self, ids, grads) -> None:
+        """``push_async(ids, grads).wait()``. Local."""
+        self.push_async(ids, grads).wait()
+
+    def stats(self) -> dict:
+        """``size``, ``capacity``, ``inserts``, ``evictions``, ``rejected``, summed over the PS ranks.
+        Any worker on its own: not collective. Local (a message to and from each PS)."""
+        self._worker("stats")
+        keys = ("size", "capacity", "inserts", "evictions", "rejected")
+        total = np.zeros(len(keys), np.int64)
+        for dst in self.ctx.ps_world_ranks:
+            got = np.zeros(len(keys), np.int64)
+            recv = self.comm.Irecv(got, source=dst, tag=_REPLY + STATS)
+            self.comm.Send(_pack(STATS, 0, np.zeros(0, np.int64)), dest=dst, tag=STATS)
+            recv.Wait()
+            total += got
+        return dict(zip(keys, total.tolist()))
+
+    # ------------------------------------------------------------ PS side
+    def _serve(self) -> bool:
+        """PS (a service hook): answer every request that has arrived. Local."""
+        worked = False
+        status = MPI.Status()
+        while self.comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status):
+            self._handle(status)
+            worked = True
+        done = [s for s in self._sends if not s[0].Test()]
+        self._sends = done
+        return worked
+
+    def _handle(self, status: MPI.Status) -> None:
+        src, tag = status.Get_source(), status.Get_tag()
+        raw = np.empty(status.Get_count(MPI.BYTE), np.uint8)
+        self.comm.Recv(raw, source=src, tag=tag)
+        kind, step, n = (int(x) for x in raw[:24].view(np.int64))
+        ids = raw[24:24 + 8 * n].view(np.int64)
+        if kind == PULL:
+            rows = self.shard.resolve(ids, step)
+            reply = np.ascontiguousarray(self.shard.pull(rows, ids))
+        elif kind == STATS:
+            s = self.shard.stats()
+            reply = np.array([s[k] for k in ("size", "capacity", "inserts", "evictions", "rejected")], np.int64)
+        else:
+            grads = raw[24 + 8 * n:].view(np.float32).reshape(n, self.dim)
+            if self.ctx.control.kind == "sync":
+                self._staged.setdefault(step, {})[self._worker_of[src]] = (ids, grads)
+            else:
+                self.shard.push(self.shard.index.find(ids), grads, step)
+            return
+        self._sends.append((self.comm.Isend(reply, dest=src, tag=_REPLY + kind), reply))
+
+    def _apply_step(self) -> None:
+        """PS, sync mode, before the step's apply: wait for every worker's push of the step, then
+        apply their sum in worker order. Local (receives from the workers)."""
+        step = self.ctx.control.step
+        W = self.ctx.num_workers
+        status = MPI.Status()
+        while len(self._staged.get(step, {})) < W:
+            self.comm.Probe(MPI.ANY_SOURCE, MPI.ANY_TAG, status)
+            self._handle(status)
+        got = self._staged.pop(step)
+        ids = np.concatenate([got[w][0] for w in range(W)])
+        grads = np.concatenate([got[w][1] for w in range(W)])
+        uniq, inv = np.unique(ids, return_inverse=True)
+        summed = np.zeros((uniq.size, self.dim), np.float32)
+        np.add.at(summed, inv, grads)                      # in worker order: the same bits every run
+        self.shard.push(self.shard.index.find(uniq), summed, step)
+
+    def free(self) -> None:
+        """Collective over the world (the context frees it at ``finalize``); safe twice."""
+        if self.comm != MPI.COMM_NULL:
+            MPI.Request.Waitall([r for r, _ in self._sends])
+            self._sends = []
+            self.comm.Free()
