@@ -79,11 +79,11 @@ class DynamicEmbeddingTable:
         self.ctx, self.name, self.dim, self.capacity = ctx, name, int(dim), int(capacity)
         self.comm = ctx.world.Dup()                           # collective
         P = ctx.num_ps
+        self.caps = [self.capacity // P + (p < self.capacity % P) for p in range(P)]   # rows per PS
         self.shard = None
         self._sends = []                                      # outstanding Isends (requests, buffers)
         if ctx.is_ps:
-            cap = self.capacity // P + (ctx.ps_rank < self.capacity % P)
-            self.shard = DynamicShard(name, self.dim, cap, self.optimizer, seed, int(admit_min_count), evict,
+            self.shard = DynamicShard(name, self.dim, self.caps[ctx.ps_rank], self.optimizer, seed, int(admit_min_count), evict,
                                       init, scale)
             self._staged = {}                                 # sync: step -> {worker: (ids, grads)}
             self._worker_of = {r: w for w, r in enumerate(ctx.worker_world_ranks)}
@@ -113,10 +113,15 @@ class DynamicEmbeddingTable:
         step = self.ctx.control.step
         out = np.empty((ids.size, self.dim), np.float32)
         parts = []
-        for p, at in enumerate(self._split(ids)):
+        split = [(p, at, *np.unique(ids[at], return_inverse=True)) for p, at in enumerate(self._split(ids))]
+        for p, at, uniq, _ in split:
+            if uniq.size > self.caps[p]:         # before any message: the PS could not hold them
+                raise ValueError(f"table {self.name!r}: {uniq.size} distinct ids of PS {p} in one pull, more "
+                                 f"than its {self.caps[p]} rows (capacity {self.capacity} over {len(self.caps)} "
+                                 f"PS ranks): raise capacity")
+        for p, at, uniq, inv in split:
             if at.size == 0:
                 continue
-            uniq, inv = np.unique(ids[at], return_inverse=True)
             buf = np.empty((uniq.size, self.dim), np.float32)
             dst = self.ctx.ps_world_ranks[p]
             recv = self.comm.Irecv(buf, source=dst, tag=_REPLY + PULL)

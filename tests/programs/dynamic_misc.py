@@ -37,5 +37,11 @@ elif ctx.worker_rank == 0:
     s = t.stats()
     assert s["size"] == 4 and s["evictions"] == 1 and s["inserts"] == 5, s
     np.testing.assert_array_equal(step(8, [5, 11, 12, 20]), np.concatenate([init([5]) - 1, init([11, 12, 20])]))
+    try:
+        t.pull(np.arange(5, dtype=np.int64))                       # 5 distinct ids, 4 rows
+        raise AssertionError("a pull of more distinct ids than the capacity must be refused")
+    except ValueError as e:
+        assert "5 distinct ids of PS 0 in one pull, more than its 4 rows" in str(e), e
+    assert t.stats() == s                                          # nothing changed
     print("OK dynamic misc", flush=True)
 ctx.finalize()
