@@ -10,6 +10,8 @@ Per worker it times, on the same pre-drawn batches of random ids:
   hpcps_auto      hpcps pull/push, same-node shards through shared memory
   hpcps_rma       hpcps pull/push forced onto RMA (the cross-node path),
                   reads by MPI_Get_accumulate(NO_OP) (the default) and by MPI_Get
+  hpcps_dynamic   a DynamicEmbeddingTable of the same ids (all stored): pulls, and sync steps
+                  (pull, push, apply) against the same steps of the fixed table
 and on the PS the resident memory a table adds against its bytes. Prints M rows/s,
 GB/s and the ratios against the targets; writes JSON (--out).
 """
@@ -111,6 +113,8 @@ def main():
     rss1 = rss_bytes()
     rma = hpcps.EmbeddingTable(ctx, "bench-rma", N, D, optimizer=hpcps.optim.SGD(lr=0.1), transport="rma")
     rma_get = hpcps.EmbeddingTable(ctx, "bench-rma-get", N, D, transport="rma", rma_read="get")
+    # capacity with headroom: ids spread over the PS ranks by a hash, not evenly
+    dyn = hpcps.DynamicEmbeddingTable(ctx, "bench-dyn", D, N + N // 4, optimizer=hpcps.optim.SGD(lr=0.1))
     if ctx.is_ps:
         res["ps_table_bytes"] = auto.rows.nbytes + 8
         res["ps_rss_growth_bytes"] = rss1 - rss0
@@ -126,6 +130,22 @@ def main():
         res["hpcps_rma_pull"] = timed(rma.pull, batches)
         res["hpcps_rma_push"] = timed(lambda ids: rma.push(ids, grads), batches)
         res["hpcps_rma_get_pull"] = timed(rma_get.pull, batches)
+        # the dynamic table: ids 0..N-1 stored first (every batch's ids present), then pulls, and
+        # sync steps (pull, push, the step's apply) against the same steps of the fixed table
+        for s in range(0, N, 1 << 16):
+            dyn.pull(np.arange(s, min(N, s + (1 << 16))))
+        ctx.worker_comm.Barrier()
+        res["hpcps_dynamic_pull"] = timed(dyn.pull, batches)
+        clock = [0]
+
+        def sync_step(t, ids):
+            ctx.step_begin(clock[0])
+            t.pull(ids)
+            t.push(ids, grads)
+            ctx.step_end(clock[0])
+            clock[0] += 1
+        res["hpcps_fixed_sync_step"] = timed(lambda ids: sync_step(auto, ids), batches)
+        res["hpcps_dynamic_sync_step"] = timed(lambda ids: sync_step(dyn, ids), batches)
         res["worker_window_bytes"] = auto.rows.nbytes
     ctx.finalize()                          # PS ranks leave serve() here
     all_res = world.gather(res, root=0)
@@ -147,8 +167,11 @@ def main():
             "push_vs_local_index_add": mean["hpcps_auto_push"] / mean["local_index_add"],
             "rma_pull_vs_two_sided": mean["hpcps_rma_pull"] / mean["two_sided_pull"],
             "rma_get_accumulate_vs_get": mean["hpcps_rma_pull"] / mean["hpcps_rma_get_pull"],
+            "dynamic_pull_vs_fixed": mean["hpcps_dynamic_pull"] / mean["hpcps_auto_pull"],
+            "dynamic_sync_step_vs_fixed": mean["hpcps_dynamic_sync_step"] / mean["hpcps_fixed_sync_step"],
         },
-        "targets": {"pull_vs_local_gather": 0.8, "pull_vs_two_sided": 1.5, "push_vs_local_index_add": 0.5},
+        "targets": {"pull_vs_local_gather": 0.8, "pull_vs_two_sided": 1.5, "push_vs_local_index_add": 0.5,
+                    "dynamic_pull_vs_fixed": 0.5, "dynamic_sync_step_vs_fixed": 0.5},
         "memory": {"ps_table_bytes": ps[0]["ps_table_bytes"], "ps_rss_growth_bytes": ps[0]["ps_rss_growth_bytes"],
                    "ps_overhead_fraction": ps[0]["ps_rss_growth_bytes"] / (N / ctx.num_ps * D * 4) - 1,
                    "worker_window_bytes": int(mean["worker_window_bytes"])},

@@ -160,6 +160,13 @@ class StepControl:
             for view in self._views.values():
                 _wait.futex_wake(view.ctypes.data)
 
+    def ring(self, rank: int) -> None:
+        """Worker: wake PS ``rank`` if it sleeps on its doorbell (on this node): a request for it
+        (a dynamic table's message) is on its way. Local."""
+        view = self._views.get(rank) if self.bells else None
+        if view is not None:
+            _wait.futex_wake(view.ctypes.data)
+
     def fence(self, step: int) -> None:
         """Worker: wait until every PS applied all pushes of steps ``< step`` (all workers' ``end`` called). Local."""
         self._wait_applied(step)

@@ -127,6 +127,7 @@ class DynamicEmbeddingTable:
             recv = self.comm.Irecv(buf, source=dst, tag=_REPLY + PULL)
             msg = _pack(PULL, step, uniq)
             self._sends.append((self.comm.Isend(msg, dest=dst, tag=PULL), msg))
+            self.ctx.control.ring(dst)               # a PS asleep on its doorbell looks now
             parts.append((recv, buf, at, inv))
 
         def finish():
@@ -156,7 +157,9 @@ class DynamicEmbeddingTable:
             summed = np.zeros((uniq.size, self.dim), np.float32)
             np.add.at(summed, inv, grads[at])
             msg = _pack(PUSH, step, uniq, summed)
-            self._sends.append((self.comm.Isend(msg, dest=self.ctx.ps_world_ranks[p], tag=PUSH), msg))
+            dst = self.ctx.ps_world_ranks[p]
+            self._sends.append((self.comm.Isend(msg, dest=dst, tag=PUSH), msg))
+            self.ctx.control.ring(dst)
         return _Handle(self._flush)
 
     def push(self, ids, grads) -> None:
@@ -173,6 +176,7 @@ class DynamicEmbeddingTable:
             got = np.zeros(len(keys), np.int64)
             recv = self.comm.Irecv(got, source=dst, tag=_REPLY + STATS)
             self.comm.Send(_pack(STATS, 0, np.zeros(0, np.int64)), dest=dst, tag=STATS)
+            self.ctx.control.ring(dst)
             recv.Wait()
             total += got
         return dict(zip(keys, total.tolist()))
