@@ -19,9 +19,21 @@ from .ids import initial_rows, splitmix64
 from .optimizers import SparseOptimizer, new_state
 from .hashindex import HashIndex
 
-__all__ = ["Admission", "DynamicShard", "EVICTIONS"]
+__all__ = ["Admission", "DynamicShard", "EVICTIONS", "sum_rows"]
 
 EVICTIONS = ("lru", "lfu")
+
+
+def sum_rows(ids: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(distinct ids, sorted; each one's gradient rows summed)``, added in their order in
+    ``ids``: the same bits on every call (a stable sort and ``np.add.reduceat``, ~10x faster than
+    ``np.add.at``). Local."""
+    if ids.size == 0:
+        return ids[:0].copy(), np.zeros((0, grads.shape[1]), np.float32)
+    order = np.argsort(ids, kind="stable")
+    sid = ids[order]
+    starts = np.flatnonzero(np.r_[True, sid[1:] != sid[:-1]])
+    return sid[starts], np.add.reduceat(np.take(grads, order, axis=0), starts, axis=0)
 
 
 class Admission:
@@ -130,9 +142,10 @@ class DynamicShard:
         self.index.remove(victims)
         self.counters["evictions"] += victims.size
 
-    def pull(self, rows: np.ndarray, ids: np.ndarray) -> np.ndarray:
-        """Rows ``rows`` (from :meth:`resolve`); an id not admitted (-1) gets its initial row. Local."""
-        out = self.rows[np.maximum(rows, 0)]
+    def pull(self, rows: np.ndarray, ids: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """Rows ``rows`` (from :meth:`resolve`), into ``out`` when given; an id not admitted (-1)
+        gets its initial row. Local."""
+        out = np.take(self.rows, np.maximum(rows, 0), axis=0, out=out)
         miss = rows < 0
         if miss.any():
             out[miss] = self.initial(np.asarray(ids, np.int64).reshape(-1)[miss])

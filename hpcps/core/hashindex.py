@@ -7,8 +7,8 @@ and :func:`bucket_of` its first bucket on that PS from other bits (a second hash
 table size bounds the ids: negative ones and ones at or above 2**62 are ids like any other.
 
 Layout (every array may be a view of window memory, for readers on the same host): ``2**k``
-buckets, at least twice the row capacity, each a key and a row (``EMPTY``, ``GONE``: a removed
-entry whose probe chain goes on, or the row); linear probing; per row its key; a stack of free
+buckets, at least twice the row capacity, each a key and a row side by side (``EMPTY``,
+``GONE``: a removed entry whose probe chain goes on, or the row); linear probing; per row its key; a stack of free
 rows. Removed entries are swept by a rebuild once live and removed ones fill 3/4 of the buckets.
 Only the owner writes (inserts, removals, rebuilds). No MPI here: every function is local.
 """
@@ -55,8 +55,10 @@ class HashIndex:
         if n & (n - 1) or n < 2 * self.capacity:
             raise ValueError(f"buckets must be a power of 2 and >= 2 x capacity, got {n} for {capacity}")
         self.mask = n - 1
-        self.keys = np.zeros(n, np.int64)
-        self.slot = np.full(n, EMPTY, np.int64)
+        # a bucket's key and row side by side: a probe reads one cache line, not two
+        self.buckets = np.zeros((n, 2), np.int64)
+        self.buckets[:, 1] = EMPTY
+        self.keys, self.slot = self.buckets[:, 0], self.buckets[:, 1]
         self.row_key = np.zeros(self.capacity, np.int64)
         self._free = np.arange(self.capacity - 1, -1, -1, dtype=np.int64)    # a stack: row 0 first
         self._nfree = self.capacity
@@ -76,8 +78,9 @@ class HashIndex:
         todo = np.arange(ids.size)
         while todo.size:
             p = pos[todo]
-            s = self.slot[p]
-            hit = (s >= 0) & (self.keys[p] == ids[todo])
+            kv = np.take(self.buckets, p, axis=0)      # (b[p] gathers 2-D rows ~7x slower)
+            s = kv[:, 1]
+            hit = (s >= 0) & (kv[:, 0] == ids[todo])
             rows[todo[hit]], where[todo[hit]] = s[hit], p[hit]
             todo = todo[~hit & (s != EMPTY)]           # an empty bucket ends a miss's chain
             pos[todo] = (pos[todo] + 1) & self.mask

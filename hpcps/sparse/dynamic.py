@@ -16,7 +16,7 @@ header ``[kind, step, n]`` (int64) and then ids (int64) and gradients (float32).
 import numpy as np
 from mpi4py import MPI
 
-from ..core.dynshard import EVICTIONS, DynamicShard
+from ..core.dynshard import EVICTIONS, DynamicShard, sum_rows
 from ..core.hashindex import owner_of
 from ..core.optimizers import SGD, SparseOptimizer
 from ..errors import RoleError
@@ -86,6 +86,7 @@ class DynamicEmbeddingTable:
             self.shard = DynamicShard(name, self.dim, self.caps[ctx.ps_rank], self.optimizer, seed, int(admit_min_count), evict,
                                       init, scale)
             self._staged = {}                                 # sync: step -> {worker: (ids, grads)}
+            self._out = np.empty((0, self.dim), np.float32)   # pull replies
             self._worker_of = {r: w for w, r in enumerate(ctx.worker_world_ranks)}
             ctx.add_service_hook(self._serve)
             ctx.control.before_apply.append(self._apply_step)
@@ -133,7 +134,10 @@ class DynamicEmbeddingTable:
         def finish():
             for recv, buf, at, inv in parts:
                 recv.Wait()
-                out[at] = buf[inv]
+                if at.size == ids.size:                 # one PS holds them all: no scatter
+                    np.take(buf, inv, axis=0, out=out)
+                else:
+                    out[at] = np.take(buf, inv, axis=0)   # (buf[inv] gathers 2-D rows several times slower)
             self._flush()
             return out
         return _Handle(finish)
@@ -153,9 +157,7 @@ class DynamicEmbeddingTable:
         for p, at in enumerate(self._split(ids)):
             if at.size == 0 and self.ctx.control.kind != "sync":
                 continue
-            uniq, inv = np.unique(ids[at], return_inverse=True)
-            summed = np.zeros((uniq.size, self.dim), np.float32)
-            np.add.at(summed, inv, grads[at])
+            uniq, summed = sum_rows(ids[at], np.take(grads, at, axis=0))
             msg = _pack(PUSH, step, uniq, summed)
             dst = self.ctx.ps_world_ranks[p]
             self._sends.append((self.comm.Isend(msg, dest=dst, tag=PUSH), msg))
@@ -201,7 +203,11 @@ class DynamicEmbeddingTable:
         ids = raw[24:24 + 8 * n].view(np.int64)
         if kind == PULL:
             rows = self.shard.resolve(ids, step)
-            reply = np.ascontiguousarray(self.shard.pull(rows, ids))
+            if self._out.shape[0] < n:              # one reply buffer, grown as needed: fresh pages cost
+                self._out = np.empty((n, self.dim), np.float32)
+            reply = self.shard.pull(rows, ids, out=self._out[:n])
+            self.comm.Send(reply, dest=src, tag=_REPLY + kind)   # the worker posted its receive first
+            return
         elif kind == STATS:
             s = self.shard.stats()
             reply = np.array([s[k] for k in ("size", "capacity", "inserts", "evictions", "rejected")], np.int64)
@@ -224,11 +230,8 @@ class DynamicEmbeddingTable:
             self.comm.Probe(MPI.ANY_SOURCE, MPI.ANY_TAG, status)
             self._handle(status)
         got = self._staged.pop(step)
-        ids = np.concatenate([got[w][0] for w in range(W)])
-        grads = np.concatenate([got[w][1] for w in range(W)])
-        uniq, inv = np.unique(ids, return_inverse=True)
-        summed = np.zeros((uniq.size, self.dim), np.float32)
-        np.add.at(summed, inv, grads)                      # in worker order: the same bits every run
+        uniq, summed = sum_rows(np.concatenate([got[w][0] for w in range(W)]),   # in worker order:
+                                np.concatenate([got[w][1] for w in range(W)]))   # the same bits every run
         self.shard.push(self.shard.index.find(uniq), summed, step)
 
     def free(self) -> None:

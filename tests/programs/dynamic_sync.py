@@ -7,7 +7,7 @@ import numpy as np
 import hpcps
 
 hpcps.prepare_process()
-from hpcps.core.dynshard import DynamicShard  # noqa: E402
+from hpcps.core.dynshard import DynamicShard, sum_rows  # noqa: E402
 from hpcps.errors import RoleError  # noqa: E402
 
 num_ps, opt_name, steps = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
@@ -65,17 +65,8 @@ else:
         t.push(ids, g)
         # the reference: each worker's repeats summed, then the workers' sums in worker order
         # (as each PS does with its part)
-        all_ids, all_g = [], []
-        for w in range(W):
-            i, gw = batch(step, w)
-            u, inv = np.unique(i, return_inverse=True)
-            s = np.zeros((u.size, D), np.float32)
-            np.add.at(s, inv, gw)
-            all_ids.append(u)
-            all_g.append(s)
-        u, inv = np.unique(np.concatenate(all_ids), return_inverse=True)
-        s = np.zeros((u.size, D), np.float32)
-        np.add.at(s, inv, np.concatenate(all_g))
+        sums = [sum_rows(*batch(step, w)) for w in range(W)]     # an id's sum: its rows, in order
+        u, s = sum_rows(np.concatenate([x[0] for x in sums]), np.concatenate([x[1] for x in sums]))
         ref.push(ref.resolve(u, step), s, step)
         ctx.step_end(step)
     ctx.fence(steps)
