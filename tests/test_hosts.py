@@ -84,6 +84,13 @@ def test_concurrent_pushes_to_a_local_and_a_remote_ps_lose_no_update(stateful):
     assert len(sums) == 3 and len(set(sums)) == 1 and int(sums[0]) > 60 * 3 * 2, r.stdout
 
 
+def test_a_dynamic_table_across_hosts_equals_a_one_process_reference():
+    # 2 PS on 2 hosts: every worker resolves ids through a PS on its host and one on the other (TCP)
+    r = run_mpi(5, ["dynamic_sync.py", 2, "adagrad", 8], hosts="h0:3,h1:2", timeout=240)
+    got = re.findall(r"OK worker \d+ size (\d+) checksum ([0-9.]+)", r.stdout)
+    assert len(got) == 3 and len(set(got)) == 1, r.stdout
+
+
 OPTIMIZERS = [["optimizer.sparse.name=sgd", "optimizer.sparse.lr=0.2"],
               ["optimizer.sparse.name=momentum", "optimizer.sparse.lr=0.2"],
               ["optimizer.sparse.name=adagrad", "optimizer.sparse.eps=1e-3"],
