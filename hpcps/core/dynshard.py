@@ -92,15 +92,19 @@ class DynamicShard:
         """The initial rows of ``ids`` (as a fixed table's: ``hpcps.initial_rows``). Local."""
         return initial_rows(self.seed, self.name, ids, self.dim, self.scale, kind=self.init)
 
-    def resolve(self, ids, step: int) -> np.ndarray:
+    def resolve(self, ids, step: int, distinct: bool = False) -> np.ndarray:
         """The row of each of a step's ``ids`` (int64, any values, repeats allowed), -1 for one not
         admitted; new admitted ids inserted, evicting rows no id of ``step`` touched when the
-        shard is full. Raises ``ValueError`` when this step's ids need more rows than the shard
-        has (before changing anything). Local."""
+        shard is full. ``distinct``: the ids are sorted and distinct already (a worker's message).
+        Raises ``ValueError`` when this step's ids need more rows than the shard has (before
+        changing anything). Local."""
         ids = np.asarray(ids).reshape(-1)
         if ids.dtype != np.int64:
             raise TypeError(f"table {self.name!r}: ids must be int64, got {ids.dtype}")
-        uniq, inv, times = np.unique(ids, return_inverse=True, return_counts=True)
+        if distinct:
+            uniq, inv, times = ids, None, np.ones(ids.size, np.int64)
+        else:
+            uniq, inv, times = np.unique(ids, return_inverse=True, return_counts=True)
         if uniq.size > self.capacity:
             raise ValueError(f"table {self.name!r}: {uniq.size} distinct ids in one step, more than this "
                              f"shard's capacity of {self.capacity} rows (raise capacity)")
@@ -119,7 +123,7 @@ class DynamicShard:
         hit = rows >= 0
         self.last[rows[hit]] = step
         self.uses[rows[hit]] += times[hit]
-        return rows[inv]
+        return rows if inv is None else rows[inv]
 
     def _make_room(self, n: int, step: int, keep: np.ndarray) -> None:
         """Free rows for ``n`` new ids: evict the least recently (``lru``) or least often (``lfu``)

@@ -202,7 +202,7 @@ class DynamicEmbeddingTable:
         kind, step, n = (int(x) for x in raw[:24].view(np.int64))
         ids = raw[24:24 + 8 * n].view(np.int64)
         if kind == PULL:
-            rows = self.shard.resolve(ids, step)
+            rows = self.shard.resolve(ids, step, distinct=True)      # the worker sent them sorted, distinct
             if self._out.shape[0] < n:              # one reply buffer, grown as needed: fresh pages cost
                 self._out = np.empty((n, self.dim), np.float32)
             reply = self.shard.pull(rows, ids, out=self._out[:n])
