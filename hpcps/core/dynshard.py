@@ -13,7 +13,6 @@ sketch: bounded memory, never fewer than the true count (so an id is admitted at
 """
 
 import numpy as np
-import torch
 
 from .ids import initial_rows, splitmix64
 from .optimizers import SparseOptimizer, new_state
@@ -163,6 +162,7 @@ class DynamicShard:
         rows, grads = rows[keep], grads[keep]
         self.applies += 1
         if rows.size:
+            import torch                # here: a program that only pulls does not pay torch's import
             state = {k: torch.from_numpy(v) for k, v in self.state.items()}
             self.optimizer.apply(torch.from_numpy(self.rows), state, torch.from_numpy(rows),
                                  torch.from_numpy(np.ascontiguousarray(grads, np.float32)), step, self.applies)
