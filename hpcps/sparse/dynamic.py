@@ -20,16 +20,17 @@ from ..core.dynshard import EVICTIONS, DynamicShard, sum_rows
 from ..core.hashindex import owner_of
 from ..core.optimizers import SGD, SparseOptimizer
 from ..errors import RoleError
-from .validate import as_grads
+from .validate import _to_numpy, as_grads
 
 __all__ = ["DynamicEmbeddingTable"]
 
 PULL, PUSH, STATS = 1, 2, 3
 _REPLY = 4
+STATS_KEYS = ("size", "capacity", "inserts", "evictions", "rejected")
 
 
 def _ids(name: str, ids) -> np.ndarray:
-    arr = np.asarray(ids.detach().cpu().numpy() if hasattr(ids, "detach") else ids)
+    arr = _to_numpy(ids)
     if arr.size == 0 and arr.dtype.kind in "fO":
         arr = arr.astype(np.int64)
     if arr.dtype.kind not in "iu" or (arr.dtype.kind == "u" and arr.dtype.itemsize == 8):
@@ -172,16 +173,15 @@ class DynamicEmbeddingTable:
         """``size``, ``capacity``, ``inserts``, ``evictions``, ``rejected``, summed over the PS ranks.
         Any worker on its own: not collective. Local (a message to and from each PS)."""
         self._worker("stats")
-        keys = ("size", "capacity", "inserts", "evictions", "rejected")
-        total = np.zeros(len(keys), np.int64)
+        total = np.zeros(len(STATS_KEYS), np.int64)
         for dst in self.ctx.ps_world_ranks:
-            got = np.zeros(len(keys), np.int64)
+            got = np.zeros(len(STATS_KEYS), np.int64)
             recv = self.comm.Irecv(got, source=dst, tag=_REPLY + STATS)
             self.comm.Send(_pack(STATS, 0, np.zeros(0, np.int64)), dest=dst, tag=STATS)
             self.ctx.control.ring(dst)
             recv.Wait()
             total += got
-        return dict(zip(keys, total.tolist()))
+        return dict(zip(STATS_KEYS, total.tolist()))
 
     # ------------------------------------------------------------ PS side
     def _serve(self) -> bool:
@@ -191,8 +191,7 @@ class DynamicEmbeddingTable:
         while self.comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status):
             self._handle(status)
             worked = True
-        done = [s for s in self._sends if not s[0].Test()]
-        self._sends = done
+        self._sends = [s for s in self._sends if not s[0].Test()]     # replies still in flight
         return worked
 
     def _handle(self, status: MPI.Status) -> None:
@@ -210,7 +209,7 @@ class DynamicEmbeddingTable:
             return
         elif kind == STATS:
             s = self.shard.stats()
-            reply = np.array([s[k] for k in ("size", "capacity", "inserts", "evictions", "rejected")], np.int64)
+            reply = np.array([s[k] for k in STATS_KEYS], np.int64)
         else:
             grads = raw[24 + 8 * n:].view(np.float32).reshape(n, self.dim)
             if self.ctx.control.kind == "sync":
