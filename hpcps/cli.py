@@ -92,12 +92,14 @@ def _parser() -> argparse.ArgumentParser:
                         "cannot tell a file forged with its own checksum)")
     v.add_argument("--max-abs", type=float, default=1e6, help="largest |value| --deep accepts (default 1e6)")
     ks.add_parser("inspect", help="step, ranks, tables, shapes and sizes of a checkpoint").add_argument("path")
-    e = ks.add_parser("export", help="one file with every table in global-id order and the dense tensors",
+    e = ks.add_parser("export", help="one file with every table in global-id order (a dynamic table: its ids "
+                                     "and rows, by id) and the dense tensors",
                       description="PATH: one checkpoint, or a checkpoint directory meaning its newest verified one.")
     e.add_argument("path")
     e.add_argument("--out", required=True, help="output file")
     e.add_argument("--format", choices=("h5", "torch"), default="h5",
-                   help="h5: tables/<name>/weights and dense/<name> (h5py reads it alone); "
+                   help="h5: tables/<name>/weights (and a dynamic table's tables/<name>/ids) and dense/<name> "
+                        "(h5py reads it alone); "
                         "torch: a plain state_dict for torch.load (default h5)")
     return p
 

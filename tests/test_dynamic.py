@@ -147,3 +147,33 @@ def test_updates_equal_a_fixed_tables_over_the_same_ids(opt):
     snap = dyn.snapshot()
     np.testing.assert_array_equal(snap["weights"], w.numpy()[np.searchsorted(universe, snap["ids"])])
     assert dyn.stats()["evictions"] == 0
+
+
+def test_a_levels_delta_holds_the_rows_changed_and_the_ids_evicted_since_its_last_cut():
+    s = _shard(capacity=3)
+    s.resolve(np.array([1, 2, 3], np.int64), step=0)
+    assert s.take_dirty("pfs")[0].size == 3
+    assert s.take_dirty("pfs")[0].size == 0 and s.take_dirty("local")[0].size == 3   # each level its own marks
+    s.push(s.resolve(np.array([2], np.int64), step=1), np.ones((1, 4), np.float32), step=1)
+    s.resolve(np.array([9], np.int64), step=2)                   # evicts 1 (the oldest)
+    snap = s.snapshot(s.take_dirty("pfs"))
+    assert sorted(snap["ids"].tolist()) == [2, 9] and snap["evicted"].tolist() == [1]
+    assert s.snapshot(s.take_dirty("pfs"))["ids"].size == 0
+    assert s.take_dirty("local")[1].tolist() == [1]
+
+
+def test_a_load_beyond_the_capacity_keeps_the_rows_the_policy_would_and_counts_the_rest():
+    src = _shard(opt="adagrad", capacity=5)
+    for step, ids in enumerate(([1, 2], [3], [4, 5])):
+        rows = src.resolve(np.array(ids, np.int64), step)
+        src.push(rows, np.full((len(ids), 4), step + 1, np.float32), step)
+    snap = src.snapshot()
+    dst = _shard(opt="adagrad", capacity=3)
+    dst.resolve(np.array([77], np.int64), step=0)               # emptied by the load
+    assert dst.load(snap["ids"], snap["weights"], snap["state"], snap["last"], snap["uses"]) == 2
+    got = dst.snapshot()
+    assert sorted(got["ids"].tolist()) == [3, 4, 5] and got["counters"]["evictions"] == 2
+    for i in (3, 4, 5):
+        a, b = np.flatnonzero(got["ids"] == i)[0], np.flatnonzero(snap["ids"] == i)[0]
+        np.testing.assert_array_equal(got["weights"][a], snap["weights"][b])
+        np.testing.assert_array_equal(got["state"]["sum"][a], snap["state"]["sum"][b])

@@ -94,7 +94,8 @@ class Checkpointer(PsWriter):
             self._win.sync()
             ctx.add_service_hook(self._ps_poll)
             if self.early:
-                ctx.control.before_apply.append(self._ps_before_apply)
+                # first: the cut sees no push of the step (a dynamic table applies its own in a hook)
+                ctx.control.before_apply.insert(0, self._ps_before_apply)
         self._res = np.zeros(1, np.int64)
         self._ign = np.zeros(1, np.int64)
         self._writer = None           # PS or worker 0: the thread writing the current file
@@ -134,7 +135,8 @@ class Checkpointer(PsWriter):
         return {"step": step, "time": time.time(), "num_ps": self.ctx.num_ps, "num_workers": self.ctx.num_workers,
                 "checkpoint_dir": str(self.root.resolve()),
                 "tables": [{"name": t.name, "num_rows": t.num_rows, "dim": t.dim, "optimizer": repr(t.optimizer),
-                            **({"segments": [list(x) for x in t.segments]} if t.segments else {})}
+                            **({"segments": [list(x) for x in t.segments]} if t.segments else {}),
+                            **({"dynamic": True} if getattr(t, "dynamic", False) else {})}
                            for t in self.tables],
                 "sharding": sharding_names(self.tables), "host": platform.node(), "versions": _versions()}
 

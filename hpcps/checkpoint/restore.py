@@ -6,6 +6,7 @@ import numpy as np
 
 from ..core.sharding import logical_tables
 from . import local, store
+from .dynamic import check_spec, restore_dynamic
 from .readback import read_checked
 from .shards import read_dense, read_rows, shard_applies, shard_file
 
@@ -55,12 +56,20 @@ def restore_tables(path, ctx, tables, own=None) -> int:
     links = store.chain(path) if own is None else [Path(path)]
     man = store.read_manifest(path)
     specs = {t["name"]: t for t in man["tables"]}
+    dynamic = [t for t in tables if getattr(t, "dynamic", False)]
+    for t in dynamic:
+        check_spec(path, specs.get(t.name), t)
+    tables = [t for t in tables if t not in dynamic]
     sources = {t.name: _sources(path, specs, t) for t in tables}      # every rank checks, then PS ranks load
     if ctx.is_ps:
-        loaded = _load_own([Path(f) for f in own], tables, sources) if own is not None else {}
+        def files_of():
+            return [[Path(link) / shard_file(p) for p in range(store.read_manifest(link)["num_ps"])]
+                    for link in links] if own is None else [[Path(f)] for f in own]
+        loaded = _load_own([Path(f) for f in own], tables, sources) if own is not None else {}   # checks them
+        for t in dynamic:
+            restore_dynamic(t, files_of(), ctx.ps_rank, ctx.num_ps)
         for t in tables:
-            files = [[Path(link) / shard_file(p) for p in range(store.read_manifest(link)["num_ps"])]
-                     for link in links] if own is None else [[Path(f)] for f in own]
+            files = files_of()
             applies = max(shard_applies(f, name) for f in files for name, *_ in sources[t.name])
             for i, chunk in enumerate(loaded.get(t.name, [])):
                 filled = t.restore([chunk], applies)

@@ -156,19 +156,23 @@ def _create(path, payload: int, datasets: int, file_mode: int = FILE_MODE, algo:
 def write_shard(path, step: int, ps: int, num_ps: int, tables: dict, compression: str = "",
                 file_mode: int = FILE_MODE, algo: str = "sha256") -> None:
     """One PS's snapshot: ``tables[name] = {"ids", "weights", "state": {k: array}, "applies",
-    "num_rows", "dim", "optimizer"}``. Local."""
-    arrays = [a for t in tables.values() for a in (t["ids"], t["weights"], *t["state"].values())]
+    "num_rows", "dim", "optimizer"}``, and optionally ``"extra"`` (more arrays, by name) and
+    ``"attrs"`` (more attributes: a dynamic table's). Local."""
+    arrays = [a for t in tables.values()
+              for a in (t["ids"], t["weights"], *t["state"].values(), *t.get("extra", {}).values())]
     with _create(path, _payload(arrays), len(arrays), file_mode, algo) as out:
         f = out.f
         f.attrs.update({"step": step, "ps_rank": ps, "num_ps": num_ps, "format": "hpcps-shard-1"})
         for name, t in tables.items():
             g = f.create_group(f"tables/{name}")
             g.attrs.update({"num_rows": t["num_rows"], "dim": t["dim"], "applies": t["applies"],
-                            "optimizer": t["optimizer"]})
+                            "optimizer": t["optimizer"], **t.get("attrs", {})})
             out.dataset(g, "ids", t["ids"], compression)
             out.dataset(g, "weights", t["weights"], compression)
             for k, v in t["state"].items():
                 out.dataset(g, f"state/{k}", v, compression)
+            for k, v in t.get("extra", {}).items():
+                out.dataset(g, k, v, compression)
 
 
 def shard_applies(paths, name: str) -> int:

@@ -8,6 +8,7 @@ import numpy as np
 
 from ..core.sharding import logical_tables
 from . import store
+from .dynamic import replay
 from .shards import read_dense, shard_file
 
 __all__ = ["ls", "verify_cmd", "inspect", "export", "weights"]
@@ -151,10 +152,23 @@ def inspect(path) -> int:
     return 0
 
 
+def _gather_dynamic(p, man) -> dict:
+    """``{name: (ids sorted, their rows)}`` of the checkpoint's dynamic tables."""
+    links = [[link / shard_file(ps) for ps in range(store.read_manifest(link)["num_ps"])] for link in store.chain(p)]
+    out = {}
+    for spec in man["tables"]:
+        if spec.get("dynamic"):
+            rows = replay(links, spec["name"], [], 0, 1)[0]
+            order = np.argsort(rows["ids"])
+            out[spec["name"]] = (rows["ids"][order], rows["weights"][order])
+    return out
+
+
 def _gather_tables(p, man):
     tables = {}
     for spec in man["tables"]:
-        tables[spec["name"]] = np.zeros((spec["num_rows"], spec["dim"]), np.float32)
+        if not spec.get("dynamic"):
+            tables[spec["name"]] = np.zeros((spec["num_rows"], spec["dim"]), np.float32)
     for link in store.chain(p):                  # full baseline, then incremental ones in order
         lm = store.read_manifest(link)
         for ps in range(lm["num_ps"]):
@@ -163,15 +177,19 @@ def _gather_tables(p, man):
                     g = f[f"tables/{name}"]
                     arr[g["ids"][...]] = g["weights"][...]
     return {name: tables[spec["name"]][first:first + n]     # a table-batched table: its logical tables, apart
-            for spec in man["tables"]
+            for spec in man["tables"] if not spec.get("dynamic")
             for name, first, n in logical_tables(spec["name"], spec["num_rows"], spec.get("segments"))}
 
 
 def weights(path) -> dict:
     """A checkpoint's weights as ``hpcps train``'s ``job.export`` writes them:
-    ``{"tables/<name>": rows in global-id order, "dense/<key>": array}``. Local."""
+    ``{"tables/<name>": rows in global-id order, "dense/<key>": array}``; a dynamic table's as
+    ``"tables/<name>"`` (rows) and ``"ids/<name>"`` (their ids, sorted). Local."""
     p = Path(path)
-    arrays = {f"tables/{k}": v for k, v in _gather_tables(p, store.read_manifest(p)).items()}
+    man = store.read_manifest(p)
+    arrays = {f"tables/{k}": v for k, v in _gather_tables(p, man).items()}
+    for k, (ids, rows) in _gather_dynamic(p, man).items():
+        arrays[f"tables/{k}"], arrays[f"ids/{k}"] = rows, ids
     model, _, _ = read_dense(p / "dense.h5")
     arrays.update({f"dense/{k}": np.asarray(v) for k, v in model.items()})
     return arrays
@@ -179,7 +197,9 @@ def weights(path) -> dict:
 
 def export(path, out, fmt: str = "h5") -> int:
     """One file: ``tables/<name>/weights`` [num_rows, dim] in global-id order (a table-batched
-    table as its logical tables) and ``dense/<name>``."""
+    table as its logical tables; a dynamic table's stored rows, with ``tables/<name>/ids``, sorted)
+    and ``dense/<name>``; or a torch state dict of the same (``tables.<name>.weight``,
+    ``tables.<name>.ids``)."""
     p = _pick(path)
     inside = store.inside_checkpoint(out)
     if inside is not None:
@@ -187,10 +207,13 @@ def export(path, out, fmt: str = "h5") -> int:
                          f"checkpoint; choose a path outside it")
     man = store.read_manifest(p)
     tables = _gather_tables(p, man)
+    dynamic = _gather_dynamic(p, man)
     model, _, _ = read_dense(p / "dense.h5")
     if fmt == "torch":
         import torch
         sd = {f"tables.{k}.weight": torch.from_numpy(v) for k, v in tables.items()}
+        for k, (ids, rows) in dynamic.items():
+            sd[f"tables.{k}.weight"], sd[f"tables.{k}.ids"] = torch.from_numpy(rows), torch.from_numpy(ids)
         sd.update({k: torch.from_numpy(np.asarray(v)) for k, v in model.items()})
         torch.save(sd, out)
     else:
@@ -198,6 +221,9 @@ def export(path, out, fmt: str = "h5") -> int:
             f.attrs.update({"step": man["step"], "source": str(p)})
             for k, v in tables.items():
                 f.create_dataset(f"tables/{k}/weights", data=v)
+            for k, (ids, rows) in dynamic.items():
+                f.create_dataset(f"tables/{k}/ids", data=ids)
+                f.create_dataset(f"tables/{k}/weights", data=rows)
             for k, v in model.items():
                 f.create_dataset(f"dense/{k}", data=v)
     print(f"exported {p.name} (step {man['step']}) to {out}")

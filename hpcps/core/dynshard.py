@@ -21,6 +21,7 @@ from .hashindex import HashIndex
 __all__ = ["Admission", "DynamicShard", "EVICTIONS", "sum_rows"]
 
 EVICTIONS = ("lru", "lfu")
+PFS, LOCAL = 1, 2               # dirty bits of the checkpoint levels
 
 
 def sum_rows(ids: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -69,15 +70,26 @@ class DynamicShard:
             raise ValueError(f"table {name!r}: evict must be one of {', '.join(EVICTIONS)}, got {evict!r}")
         self.name, self.dim, self.seed, self.evict = name, int(dim), int(seed), evict
         self.optimizer, self.init, self.scale = optimizer, init, scale
-        self.index = HashIndex(capacity)
         self.rows = np.zeros((capacity, self.dim), np.float32)
         self.state = new_state(optimizer, capacity, self.dim) if optimizer.stateful else {}
         self._fresh = {k: v[:1].copy() for k, v in self.state.items()}    # a new row's state
+        self.admission = Admission(admit_min_count, seed=seed)
+        self.reset()
+
+    def reset(self) -> None:
+        """Empty the shard (no id, counters zero; the rows' memory is kept). Local."""
+        capacity = self.rows.shape[0]
+        self.index = HashIndex(capacity)
         self.last = np.full(capacity, -1, np.int64)      # last step that touched each row
         self.uses = np.zeros(capacity, np.int64)
-        self.admission = Admission(admit_min_count, seed=seed)
+        if self.admission.counts is not None:
+            self.admission.counts[:] = 0
         self.counters = {"inserts": 0, "evictions": 0, "rejected": 0}
         self.applies = 0
+        # incremental checkpoints: per row a bit per checkpoint level (PFS, LOCAL) "changed since
+        # that level's last checkpoint", and per level the ids evicted since
+        self.dirty = np.zeros(capacity, np.uint8)
+        self.evicted = {PFS: [], LOCAL: []}
 
     @property
     def capacity(self) -> int:
@@ -122,6 +134,7 @@ class DynamicShard:
         hit = rows >= 0
         self.last[rows[hit]] = step
         self.uses[rows[hit]] += times[hit]
+        self.dirty[rows[hit]] = PFS | LOCAL      # their last step and uses changed
         return rows if inv is None else rows[inv]
 
     def _make_room(self, n: int, step: int, keep: np.ndarray) -> None:
@@ -130,10 +143,10 @@ class DynamicShard:
         need = n - self.index.free
         if need <= 0:
             return
-        _, live = self.index.live()
-        spare = np.ones(self.capacity, bool)
+        spare = self.index.used.copy()
         spare[keep] = False
-        live = live[spare[live] & (self.last[live] != step)]
+        live = np.flatnonzero(spare)
+        live = live[self.last[live] != step]
         if live.size < need:
             raise ValueError(f"table {self.name!r}: step {step} needs {n} new rows; {self.index.free} are free and "
                              f"{live.size} not used in this step: the shard's {self.capacity} rows are too few "
@@ -142,6 +155,8 @@ class DynamicShard:
         first, second = (self.last, self.uses) if self.evict == "lru" else (self.uses, self.last)
         order = np.lexsort((live, second[live], first[live]))
         victims = live[order[:need]]
+        for level in self.evicted.values():
+            level.append(self.index.row_key[victims].copy())
         self.index.remove(victims)
         self.counters["evictions"] += victims.size
 
@@ -162,14 +177,53 @@ class DynamicShard:
         rows, grads = rows[keep], grads[keep]
         self.applies += 1
         if rows.size:
+            self.dirty[rows] = PFS | LOCAL
             import torch                # here: a program that only pulls does not pay torch's import
             state = {k: torch.from_numpy(v) for k, v in self.state.items()}
             self.optimizer.apply(torch.from_numpy(self.rows), state, torch.from_numpy(rows),
                                  torch.from_numpy(np.ascontiguousarray(grads, np.float32)), step, self.applies)
 
-    def snapshot(self) -> dict:
-        """Every live row: ``ids``, ``weights``, ``state``, ``last``, ``uses``, and the counters. Local."""
-        ids, rows = self.index.live()
-        return {"ids": ids, "weights": self.rows[rows], "state": {k: v[rows] for k, v in self.state.items()},
-                "last": self.last[rows], "uses": self.uses[rows], "counters": dict(self.counters),
-                "applies": self.applies}
+    def take_dirty(self, level: str) -> tuple[np.ndarray, np.ndarray]:
+        """``(rows changed, ids evicted)`` since checkpoint level ``level``'s (``"pfs"`` or
+        ``"local"``) last call, and reset that level's marks. Local."""
+        bit = LOCAL if level == "local" else PFS
+        rows = np.flatnonzero(self.dirty & bit)
+        self.dirty[rows] &= np.uint8(~bit & 0xFF)
+        gone = np.concatenate([np.zeros(0, np.int64), *self.evicted[bit]])
+        self.evicted[bit] = []
+        return rows, gone
+
+    def snapshot(self, dirty: tuple | None = None) -> dict:
+        """A copy of every live row (``dirty``: of the live rows among those :meth:`take_dirty`
+        gave, and the ids it gave as evicted): ``ids``, ``weights``, ``state``, ``last``, ``uses``,
+        ``evicted`` (ids), ``counters``, ``applies`` and the admission sketch ``admission`` (None
+        without one). Local."""
+        if dirty is None:
+            rows, gone = np.flatnonzero(self.index.used), np.zeros(0, np.int64)
+        else:
+            rows, gone = dirty
+            rows = rows[self.index.used[rows]]
+        counts = self.admission.counts
+        return {"ids": self.index.row_key[rows], "weights": self.rows[rows],
+                "state": {k: v[rows] for k, v in self.state.items()}, "last": self.last[rows],
+                "uses": self.uses[rows], "evicted": gone, "counters": dict(self.counters), "applies": self.applies,
+                "admission": None if counts is None else counts.copy()}
+
+    def load(self, ids, weights, state: dict, last, uses) -> int:
+        """Empty the shard (:meth:`reset`), then restore rows (a checkpoint's; ids distinct): as
+        many as it holds, the rest evicted by the policy (``lru``: the oldest ``last`` first) and
+        counted. Returns the number evicted. Local."""
+        self.reset()
+        ids = np.asarray(ids, np.int64)
+        drop = max(0, ids.size - self.index.free)
+        keep = np.arange(ids.size)
+        if drop:
+            first, second = (last, uses) if self.evict == "lru" else (uses, last)
+            keep = np.sort(np.lexsort((ids, second, first))[drop:])
+            self.counters["evictions"] += drop
+        rows = self.index.insert(ids[keep])
+        self.rows[rows] = weights[keep]
+        for k, v in self.state.items():
+            v[rows] = state[k][keep]
+        self.last[rows], self.uses[rows] = last[keep], uses[keep]
+        return drop

@@ -60,6 +60,7 @@ class HashIndex:
         self.buckets[:, 1] = EMPTY
         self.keys, self.slot = self.buckets[:, 0], self.buckets[:, 1]
         self.row_key = np.zeros(self.capacity, np.int64)
+        self.used = np.zeros(self.capacity, bool)       # rows holding an id
         self._free = np.arange(self.capacity - 1, -1, -1, dtype=np.int64)    # a stack: row 0 first
         self._nfree = self.capacity
         self.size = 0                   # live entries
@@ -121,6 +122,7 @@ class HashIndex:
                 todo = todo[~placed[todo]]
             pos[todo] = (pos[todo] + 1) & self.mask
         self.row_key[rows] = ids
+        self.used[rows] = True
         self.size += ids.size
         return rows
 
@@ -133,15 +135,16 @@ class HashIndex:
         if (got != rows).any():
             raise ValueError("remove(): a row that holds no id")
         self.slot[where] = GONE
+        self.used[rows] = False
         self.gone += rows.size
         self.size -= rows.size
         self._free[self._nfree:self._nfree + rows.size] = rows
         self._nfree += rows.size
 
     def live(self) -> tuple[np.ndarray, np.ndarray]:
-        """``(ids, rows)`` of every live entry, in bucket order. Local."""
-        at = np.flatnonzero(self.slot >= 0)
-        return self.keys[at].copy(), self.slot[at].copy()
+        """``(ids, rows)`` of every live entry, in row order. Local."""
+        rows = np.flatnonzero(self.used)
+        return self.row_key[rows], rows
 
     def _rebuild(self) -> None:
         """Sweep removed entries: every live one placed again from its first bucket."""

@@ -75,6 +75,7 @@ class StepControl:
         self.staleness: list[int] = []   # worker, ssp/async: t - slowest clock at begin(t)
         self.wait_seconds = 0.0
         self.before_apply = []           # PS, sync: called before each step's apply (checkpoint cuts)
+        self.on_end = []                 # worker: called with the step at each end(), before it is counted
 
     def set_start(self, step: int) -> None:
         """Every rank, before training resumes at ``step``: counters as if steps ``< step`` ran.
@@ -148,6 +149,8 @@ class StepControl:
 
     def end(self, step: int) -> None:
         """Worker, after every push of ``step`` completed. Local (one-sided)."""
+        for hook in self.on_end:
+            hook(step)
         win = self._win.win
         for rank in self.ctx.ps_world_ranks:
             win.Accumulate([self._one, MPI.INT64_T], rank, (0, 1, MPI.INT64_T), op=MPI.SUM)

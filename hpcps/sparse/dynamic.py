@@ -20,12 +20,14 @@ from ..core.dynshard import EVICTIONS, DynamicShard, sum_rows
 from ..core.hashindex import owner_of
 from ..core.optimizers import SGD, SparseOptimizer
 from ..errors import RoleError
+from .dynamic_ckpt import DynamicCheckpointable
 from .validate import _to_numpy, as_grads
 
 __all__ = ["DynamicEmbeddingTable"]
 
 PULL, PUSH, STATS = 1, 2, 3
-_REPLY = 4
+_REPLY = 4                       # a reply's tag: _REPLY + the request's kind
+END, FIN = 8, 9                  # async/ssp: a worker ended a step; a worker is done (finalize)
 STATS_KEYS = ("size", "capacity", "inserts", "evictions", "rejected")
 
 
@@ -59,7 +61,7 @@ class _Handle:
         return self._value
 
 
-class DynamicEmbeddingTable:
+class DynamicEmbeddingTable(DynamicCheckpointable):
     """A table of ``dim`` floats per int64 id, ``capacity`` rows over all PS ranks. Collective over
     the world (create it on every rank, in the same order as the other tables)."""
 
@@ -89,8 +91,12 @@ class DynamicEmbeddingTable:
             self._staged = {}                                 # sync: step -> {worker: (ids, grads)}
             self._out = np.empty((0, self.dim), np.float32)   # pull replies
             self._worker_of = {r: w for w, r in enumerate(ctx.worker_world_ranks)}
+            self._ended = np.full(ctx.num_workers, -1, np.int64)    # async/ssp: each worker's last END
+            self._fins = 0
             ctx.add_service_hook(self._serve)
             ctx.control.before_apply.append(self._apply_step)
+        elif ctx.control.kind != "sync":
+            ctx.control.on_end.append(self._end_step)
         ctx.add_resource(self)
 
     # ------------------------------------------------------------ worker side
@@ -169,6 +175,14 @@ class DynamicEmbeddingTable:
         """``push_async(ids, grads).wait()``. Local."""
         self.push_async(ids, grads).wait()
 
+    def _end_step(self, step: int) -> None:
+        """Worker, async/ssp, at ``step_end(step)``: tell every PS (after this step's pushes, on the
+        same ordered channel), so a checkpoint cut and ``finalize`` wait for exactly those. Local."""
+        for dst in self.ctx.ps_world_ranks:
+            msg = _pack(END, step, np.zeros(0, np.int64))
+            self._sends.append((self.comm.Isend(msg, dest=dst, tag=END), msg))
+        self._sends = [s for s in self._sends if not s[0].Test()]
+
     def stats(self) -> dict:
         """``size``, ``capacity``, ``inserts``, ``evictions``, ``rejected``, summed over the PS ranks.
         Any worker on its own: not collective. Local (a message to and from each PS)."""
@@ -207,6 +221,11 @@ class DynamicEmbeddingTable:
             reply = self.shard.pull(rows, ids, out=self._out[:n])
             self.comm.Send(reply, dest=src, tag=_REPLY + kind)   # the worker posted its receive first
             return
+        elif kind in (END, FIN):
+            w = self._worker_of[src]
+            self._ended[w] = max(self._ended[w], step)
+            self._fins += kind == FIN
+            return
         elif kind == STATS:
             s = self.shard.stats()
             reply = np.array([s[k] for k in STATS_KEYS], np.int64)
@@ -219,10 +238,10 @@ class DynamicEmbeddingTable:
             return
         self._sends.append((self.comm.Isend(reply, dest=src, tag=_REPLY + kind), reply))
 
-    def _apply_step(self) -> None:
+    def _apply_step(self, step: int | None = None) -> None:
         """PS, sync mode, before the step's apply: wait for every worker's push of the step, then
         apply their sum in worker order. Local (receives from the workers)."""
-        step = self.ctx.control.step
+        step = self.ctx.control.step if step is None else step
         W = self.ctx.num_workers
         status = MPI.Status()
         while len(self._staged.get(step, {})) < W:
@@ -233,9 +252,32 @@ class DynamicEmbeddingTable:
                                 np.concatenate([got[w][1] for w in range(W)]))   # the same bits every run
         self.shard.push(self.shard.index.find(uniq), summed, step)
 
+    def _drain_to(self, step: int) -> None:
+        """PS, async/ssp, at a checkpoint cut of ``step``: apply every push of steps ``< step``
+        (receive until each worker's END of ``step - 1`` is in). Local (receives)."""
+        status = MPI.Status()
+        while self.ctx.control.kind != "sync" and self._ended.min() < step - 1:
+            self.comm.Probe(MPI.ANY_SOURCE, MPI.ANY_TAG, status)
+            self._handle(status)
+
     def free(self) -> None:
-        """Collective over the world (the context frees it at ``finalize``); safe twice."""
-        if self.comm != MPI.COMM_NULL:
-            MPI.Request.Waitall([r for r, _ in self._sends])
-            self._sends = []
-            self.comm.Free()
+        """Collective over the world (the context frees it at ``finalize``); safe twice. A PS first
+        takes every message the workers sent (each sends FIN last) and applies every push: none is
+        lost at the end."""
+        if self.comm == MPI.COMM_NULL:
+            return
+        if self.shard is not None:
+            status = MPI.Status()
+            while self._fins < self.ctx.num_workers:
+                self.comm.Probe(MPI.ANY_SOURCE, MPI.ANY_TAG, status)
+                self._handle(status)
+            W = self.ctx.num_workers
+            for step in sorted(s for s, got in self._staged.items() if len(got) == W):   # sync: the last step
+                self._apply_step(step)
+        elif self.ctx.is_worker:
+            fin = _pack(FIN, self.ctx.control.step, np.zeros(0, np.int64))
+            for dst in self.ctx.ps_world_ranks:
+                self._sends.append((self.comm.Isend(fin, dest=dst, tag=FIN), fin))
+        MPI.Request.Waitall([r for r, _ in self._sends])
+        self._sends = []
+        self.comm.Free()
