@@ -82,7 +82,7 @@ def test_async_checkpoints_and_finalize_hold_every_push_of_their_steps(tmp_path)
     sync.mkdir(), asyn.mkdir()
     _ckpt_run(sync, 4, 2, "sync", "sgd", 2000, 1, "zeros", 0, 8, "4", "s")
     _ckpt_run(asyn, 4, 2, "async", "sgd", 2000, 1, "zeros", 0, 8, "4", "e")
-    _equal(_shards(sync, "s-end-ps*.npz"), _shards(asyn, "e-end-ps*.npz"), ["ids", "weights", "uses", "counters"])
+    _equal(_shards(sync, "s-end-ps*.npz"), _shards(asyn, "e-end-ps*.npz"), ["ids", "weights", "counters"])
     exports = []
     for d in (sync, asyn):                  # `hpcps ckpt export` of each step-4 checkpoint: ids and rows
         out = d / "export.h5"

@@ -66,6 +66,44 @@ def build_sparse_optimizer(sec: SparseOptimizerSection, total_steps: int):
     return make_optimizer(name, **kw)
 
 
+def _check_model(cfg: Config) -> None:
+    """The ``[model]`` checks of :func:`validate`."""
+    j, d, m = cfg.job, cfg.data, cfg.model
+    _check(m.kind in MODELS, "model.kind", m.kind, f"must be one of {', '.join(MODELS)}")
+    if m.kind == "mf":
+        _check(d.format == "ratings", "model.kind", m.kind, "mf needs data.format = ratings")
+    else:
+        _check(d.format != "ratings", "model.kind", m.kind, "ratings data needs model.kind = mf")
+    _check(m.dim >= 1, "model.dim", m.dim, "must be >= 1")
+    _check(m.init in ("auto", *INITS), "model.init", m.init, f"must be one of auto, {', '.join(INITS)}")
+    _check(m.init_scale >= 0 and math.isfinite(m.init_scale), "model.init_scale", m.init_scale,
+           "must be finite and >= 0 (0: the model's default)")
+    _check(m.embedding_l2 >= 0 and math.isfinite(m.embedding_l2), "model.embedding_l2", m.embedding_l2,
+           "must be finite and >= 0")
+    _check(0 <= m.dropout < 1, "model.dropout", m.dropout, "must be in [0, 1)")
+    _check(m.dropout == 0 or m.kind == "dlrm", "model.dropout", m.dropout, "only a dlrm model has MLPs to drop out of")
+    _check(m.sharding in SHARDINGS, "model.sharding", m.sharding, f"must be one of {', '.join(SHARDINGS)}")
+    _check(not m.dynamic_tables or m.kind == "dlrm", "model.dynamic_tables", m.dynamic_tables,
+           "needs model.kind = dlrm (categorical features of synthetic-ctr, criteo or csv data)")
+    _check(m.dynamic_capacity >= 0, "model.dynamic_capacity", m.dynamic_capacity, "must be >= 0 (0: auto)")
+    _check(m.admit_min_count >= 1, "model.admit_min_count", m.admit_min_count, "must be >= 1")
+    _check(m.evict in ("lru", "lfu"), "model.evict", m.evict, "must be lru or lfu")
+    _check(not (m.dynamic_tables and j.export), "job.export", j.export,
+           "a dynamic table's rows are exported from a checkpoint: hpcps ckpt export (model.dynamic_tables = true)")
+    _check(not (m.dynamic_tables and str(cfg.pipeline.prefetch).lower() in ("on", "true", "yes", "1")),
+           "pipeline.prefetch", cfg.pipeline.prefetch, "a dynamic table is pulled in its step (model.dynamic_tables)")
+    _check(all(x >= 1 for x in m.bottom_mlp + m.top_mlp), "model.top_mlp", m.top_mlp, "sizes must be >= 1")
+    _check(m.dense_backend in ("auto", "shm", "mpi", "nccl"), "model.dense_backend", m.dense_backend,
+           "must be auto, shm, mpi or nccl")
+    _check(m.bucket_mb > 0, "model.bucket_mb", m.bucket_mb, "must be > 0")
+    _check(m.threads >= 0, "model.threads", m.threads, "must be >= 0 (0: the node's CPUs / its ranks)")
+    _check(m.device in ("cpu", "cuda"), "model.device", m.device, "must be cpu or cuda")
+    _check(not (m.device == "cpu" and m.dense_backend == "nccl"), "model.dense_backend", m.dense_backend,
+           "nccl needs model.device = cuda")
+    _check(not (m.device == "cuda" and m.dense_backend in ("mpi", "shm")), "model.dense_backend",
+           m.dense_backend, f"{m.dense_backend} all-reduces CPU tensors; use auto or nccl with model.device = cuda")
+
+
 def validate(cfg: Config) -> None:
     """Raise ``ValueError`` naming the first bad setting. Local."""
     j, d, m = cfg.job, cfg.data, cfg.model
@@ -136,30 +174,7 @@ def validate(cfg: Config) -> None:
     if d.format == "csv":
         _check(d.label != "", "data.label", d.label, "format csv needs the label column (a header name or a "
                "0-based number)")
-    _check(m.kind in MODELS, "model.kind", m.kind, f"must be one of {', '.join(MODELS)}")
-    if m.kind == "mf":
-        _check(d.format == "ratings", "model.kind", m.kind, "mf needs data.format = ratings")
-    else:
-        _check(d.format != "ratings", "model.kind", m.kind, "ratings data needs model.kind = mf")
-    _check(m.dim >= 1, "model.dim", m.dim, "must be >= 1")
-    _check(m.init in ("auto", *INITS), "model.init", m.init, f"must be one of auto, {', '.join(INITS)}")
-    _check(m.init_scale >= 0 and math.isfinite(m.init_scale), "model.init_scale", m.init_scale,
-           "must be finite and >= 0 (0: the model's default)")
-    _check(m.embedding_l2 >= 0 and math.isfinite(m.embedding_l2), "model.embedding_l2", m.embedding_l2,
-           "must be finite and >= 0")
-    _check(0 <= m.dropout < 1, "model.dropout", m.dropout, "must be in [0, 1)")
-    _check(m.dropout == 0 or m.kind == "dlrm", "model.dropout", m.dropout, "only a dlrm model has MLPs to drop out of")
-    _check(m.sharding in SHARDINGS, "model.sharding", m.sharding, f"must be one of {', '.join(SHARDINGS)}")
-    _check(all(x >= 1 for x in m.bottom_mlp + m.top_mlp), "model.top_mlp", m.top_mlp, "sizes must be >= 1")
-    _check(m.dense_backend in ("auto", "shm", "mpi", "nccl"), "model.dense_backend", m.dense_backend,
-           "must be auto, shm, mpi or nccl")
-    _check(m.bucket_mb > 0, "model.bucket_mb", m.bucket_mb, "must be > 0")
-    _check(m.threads >= 0, "model.threads", m.threads, "must be >= 0 (0: the node's CPUs / its ranks)")
-    _check(m.device in ("cpu", "cuda"), "model.device", m.device, "must be cpu or cuda")
-    _check(not (m.device == "cpu" and m.dense_backend == "nccl"), "model.dense_backend", m.dense_backend,
-           "nccl needs model.device = cuda")
-    _check(not (m.device == "cuda" and m.dense_backend in ("mpi", "shm")), "model.dense_backend",
-           m.dense_backend, f"{m.dense_backend} all-reduces CPU tensors; use auto or nccl with model.device = cuda")
+    _check_model(cfg)
     pl = cfg.pipeline
     for key in ("prefetch", "background_push", "loader"):
         v = getattr(pl, key)

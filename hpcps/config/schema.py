@@ -89,6 +89,10 @@ class ModelConfig:
     init_scale: float = 0.0     # uniform half-width / normal std; 0: auto (DLRM sqrt(1/rows), MF 0.1)
     embedding_l2: float = 0.0   # per-occurrence L2 on the looked-up rows, in the loss (0: off)
     dropout: float = 0.0        # dlrm: dropout after each hidden MLP layer
+    dynamic_tables: bool = False  # dlrm: one dynamic table keyed by 64-bit feature keys (no modulo, salted per column)
+    dynamic_capacity: int = 0   # dynamic table: rows over all PS ranks (0: what the fixed tables would hold)
+    admit_min_count: int = 1    # dynamic table: a key gets a row at its admit_min_count-th sighting
+    evict: str = "lru"          # dynamic table, when full: lru | lfu
 
 
 @dataclass

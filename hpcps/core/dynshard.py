@@ -47,17 +47,24 @@ class Admission:
         self.counts = np.zeros((depth, width), np.uint32) if self.min_count > 1 else None
         self._salts = splitmix64(np.arange(depth, dtype=np.uint64) + np.uint64(seed) * np.uint64(depth))
 
-    def admit(self, ids: np.ndarray, times: np.ndarray) -> np.ndarray:
-        """Count ``times[i]`` more sightings of distinct ``ids[i]``; which of them are admitted
-        now (seen at least ``min_count`` times). Local."""
+    def _cols(self, ids: np.ndarray) -> np.ndarray:
+        width = self.counts.shape[1]
+        return (splitmix64(ids.view(np.uint64)[None, :] ^ self._salts[:, None]) % np.uint64(width)).astype(np.int64)
+
+    def count(self, ids: np.ndarray, times: np.ndarray) -> None:
+        """Count ``times[i]`` more sightings of distinct ``ids[i]``. Local."""
+        if self.counts is None:
+            return
+        cols = self._cols(ids)
+        for d in range(self.counts.shape[0]):
+            np.add.at(self.counts[d], cols[d], times.astype(np.uint32))
+
+    def admitted(self, ids: np.ndarray) -> np.ndarray:
+        """Which of distinct ``ids`` were seen at least ``min_count`` times. Local."""
         if self.counts is None:
             return np.ones(ids.size, bool)
-        depth, width = self.counts.shape
-        cols = (splitmix64(ids.view(np.uint64)[None, :] ^ self._salts[:, None]) % np.uint64(width)).astype(np.int64)
-        est = np.full(ids.size, np.iinfo(np.uint32).max, np.uint64)
-        for d in range(depth):
-            np.add.at(self.counts[d], cols[d], times.astype(np.uint32))
-            est = np.minimum(est, self.counts[d, cols[d]])
+        cols = self._cols(ids)
+        est = np.min(np.stack([self.counts[d, cols[d]] for d in range(self.counts.shape[0])]), axis=0)
         return est >= self.min_count
 
 
@@ -92,6 +99,17 @@ class DynamicShard:
         self.evicted = {PFS: [], LOCAL: []}
 
     @property
+    def nbytes(self) -> int:
+        """Bytes the shard holds: rows, optimizer state, the index, per-row counters and marks,
+        the admission sketch. Local."""
+        ix = self.index
+        parts = [self.rows, *self.state.values(), ix.buckets, ix.row_key, ix.used, ix._free, self.last, self.uses,
+                 self.dirty]
+        if self.admission.counts is not None:
+            parts.append(self.admission.counts)
+        return sum(a.nbytes for a in parts)
+
+    @property
     def capacity(self) -> int:
         return self.index.capacity
 
@@ -103,38 +121,68 @@ class DynamicShard:
         """The initial rows of ``ids`` (as a fixed table's: ``hpcps.initial_rows``). Local."""
         return initial_rows(self.seed, self.name, ids, self.dim, self.scale, kind=self.init)
 
-    def resolve(self, ids, step: int, distinct: bool = False) -> np.ndarray:
-        """The row of each of a step's ``ids`` (int64, any values, repeats allowed), -1 for one not
-        admitted; new admitted ids inserted, evicting rows no id of ``step`` touched when the
-        shard is full. ``distinct``: the ids are sorted and distinct already (a worker's message).
-        Raises ``ValueError`` when this step's ids need more rows than the shard has (before
-        changing anything). Local."""
+    def _distinct(self, ids, distinct: bool):
         ids = np.asarray(ids).reshape(-1)
         if ids.dtype != np.int64:
             raise TypeError(f"table {self.name!r}: ids must be int64, got {ids.dtype}")
         if distinct:
-            uniq, inv, times = ids, None, np.ones(ids.size, np.int64)
-        else:
-            uniq, inv, times = np.unique(ids, return_inverse=True, return_counts=True)
+            return ids, None, np.ones(ids.size, np.int64)
+        return np.unique(ids, return_inverse=True, return_counts=True)
+
+    def observe(self, ids, step: int, distinct: bool = False) -> np.ndarray:
+        """A pull's look at ``ids`` (int64, any values, repeats allowed) in ``step``: the row of
+        each, -1 where absent; present rows count a use and ``step`` as their last, absent ids a
+        sighting (admission). Stores nothing: every change commutes, so the pulls of one step
+        leave the same shard in whatever order they come. ``distinct``: sorted and distinct
+        already. Local."""
+        uniq, inv, times = self._distinct(ids, distinct)
+        rows = self._observe(uniq, times, step)
+        return rows if inv is None else rows[inv]
+
+    def _observe(self, uniq: np.ndarray, times: np.ndarray, step: int) -> np.ndarray:
+        rows = self.index.find(uniq)
+        hit = rows >= 0
+        self.last[rows[hit]] = step
+        self.uses[rows[hit]] += times[hit]
+        self.dirty[rows[hit]] = PFS | LOCAL      # their last step and uses changed
+        if not hit.all():
+            self.admission.count(uniq[~hit], times[~hit])
+        return rows
+
+    def place(self, uniq: np.ndarray, step: int) -> np.ndarray:
+        """Rows for a push's distinct sorted ``uniq``: present ones as they are; absent ones
+        admitted (seen ``admit_min_count`` times) inserted (their initial rows, fresh state),
+        evicting rows no id of ``step`` touched when the shard is full; -1 for the others. Raises
+        ``ValueError`` when ``step`` needs more rows than the shard has (before changing anything).
+        Local."""
+        uniq = np.asarray(uniq, np.int64).reshape(-1)
         if uniq.size > self.capacity:
             raise ValueError(f"table {self.name!r}: {uniq.size} distinct ids in one step, more than this "
                              f"shard's capacity of {self.capacity} rows (raise capacity)")
         rows = self.index.find(uniq)
         new = np.flatnonzero(rows < 0)
         if new.size:
-            admitted = new[self.admission.admit(uniq[new], times[new])]
+            admitted = new[self.admission.admitted(uniq[new])]
             self._make_room(admitted.size, step, rows[rows >= 0])
             got = self.index.insert(uniq[admitted])
             self.rows[got] = self.initial(uniq[admitted])
             for k, v in self.state.items():
                 v[got] = self._fresh[k]
-            self.uses[got] = 0
+            self.last[got], self.uses[got], self.dirty[got] = step, 1, PFS | LOCAL
             rows[admitted] = got
             self.counters["inserts"] += got.size
-        hit = rows >= 0
-        self.last[rows[hit]] = step
-        self.uses[rows[hit]] += times[hit]
-        self.dirty[rows[hit]] = PFS | LOCAL      # their last step and uses changed
+        return rows
+
+    def resolve(self, ids, step: int, distinct: bool = False) -> np.ndarray:
+        """:meth:`observe`, then :meth:`place` of the absent ids: the row of each id, stored where
+        admitted (-1 where not). Local."""
+        uniq, inv, times = self._distinct(ids, distinct)
+        rows = self._observe(uniq, times, step)
+        miss = np.flatnonzero(rows < 0)
+        if miss.size:
+            rows[miss] = self.place(uniq[miss], step)
+            got = miss[rows[miss] >= 0]
+            self.uses[rows[got]] = times[got]
         return rows if inv is None else rows[inv]
 
     def _make_room(self, n: int, step: int, keep: np.ndarray) -> None:

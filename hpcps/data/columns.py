@@ -16,7 +16,7 @@ import numpy as np
 
 from .files import BadLine
 from ..core.ids import splitmix64
-from .hashing import binary_buffers, column_key, decimal_keys, hash_keys, hex_keys
+from .hashing import binary_buffers, column_key, decimal_keys, hash_keys, hex_keys, salted_keys
 
 __all__ = ["Layout", "resolve_layout", "criteo_layout", "parse_block", "BadLine", "SHOW_BAD"]
 
@@ -37,7 +37,7 @@ class Layout:
     dense_log: bool = False
     keys: str = "hash"        # hash | raw (decimal ids, must be < rows) | hex (Criteo)
     pad: bool = False         # lines with fewer fields get empty ones (Criteo copies strip them)
-    rows: int = 1
+    rows: int = 1             # keys mod rows; 0: 64-bit keys, salted per column (dynamic tables)
 
     @property
     def tables(self) -> list:
@@ -144,7 +144,10 @@ def _fast(block: bytes, n: int, lay: Layout):
             v ^= column_key(k)
         elif lay.keys == "raw":
             v, bad = decimal_keys(off, data)
-            bad |= v >= np.uint64(lay.rows)
+            if lay.rows:
+                bad |= v >= np.uint64(lay.rows)
+            else:                                   # any value: salted, so that columns differ
+                v = salted_keys(v.view(np.int64), k).view(np.uint64)
         else:
             v, bad = hash_keys(off, data, column_key(c)), None
         if bad is not None and bad.any():
@@ -152,9 +155,9 @@ def _fast(block: bytes, n: int, lay: Layout):
         keys[:, k] = v
     if lay.keys == "hex":
         keys = splitmix64(keys)
-    if lay.keys != "raw":
+    if lay.keys != "raw" and lay.rows:
         keys %= np.uint64(lay.rows)
-    return dense, keys.view(np.int64), label.astype(np.float32)          # keys < rows < 2^63
+    return dense, keys.view(np.int64), label.astype(np.float32)          # keys < rows < 2^63, or any int64
 
 
 # -- the slow path: one line at a time, to name what is wrong --------------------------------------
@@ -182,8 +185,9 @@ def _check_line(fields: list, lay: Layout) -> str | None:
         x = fields[c]
         if lay.keys == "hex" and x and not (len(x) <= 16 and all(ch in "0123456789abcdefABCDEF" for ch in x)):
             return f"column {lay.names[c]} is not a hex value of at most 64 bits (1-16 hex digits): {x[:40]!r}"
-        if lay.keys == "raw" and not (x.isdigit() and x.isascii() and len(x) <= 19 and int(x) < lay.rows):
-            return f"column {lay.names[c]} is not a decimal id below data.hash_rows = {lay.rows}: {x[:40]!r}"
+        if lay.keys == "raw" and not (x.isdigit() and x.isascii() and len(x) <= 19 and (int(x) < lay.rows or not lay.rows)):
+            return (f"column {lay.names[c]} is not a decimal id below data.hash_rows = {lay.rows}: {x[:40]!r}" if lay.rows
+                    else f"column {lay.names[c]} is not a decimal id of at most 19 digits: {x[:40]!r}")
     return None
 
 

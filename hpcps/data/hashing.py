@@ -10,7 +10,7 @@ import numpy as np
 
 from ..core.ids import splitmix64
 
-__all__ = ["binary_buffers", "hex_keys", "decimal_keys", "hash_keys", "column_key", "EMPTY_HEX"]
+__all__ = ["binary_buffers", "hex_keys", "decimal_keys", "hash_keys", "column_key", "salted_keys", "EMPTY_HEX"]
 
 EMPTY_HEX = 0xFFFF_FFFF_FFFF          # the key of an empty hex field (Criteo's missing categoricals)
 _P = np.uint64(0x100000001B3)         # the FNV-64 prime, as the polynomial's multiplier
@@ -26,6 +26,14 @@ _DEC[48:58] = np.arange(10)
 def column_key(index: int) -> np.uint64:
     """The key mixed into the ids of the ``index``-th categorical column (0-based). Local."""
     return np.uint64((index + 1) * 0x9E3779B97F4A7C15 % (1 << 64))
+
+
+def salted_keys(ids: np.ndarray, index: int) -> np.ndarray:
+    """The 64-bit keys (int64) of integer ids of the ``index``-th categorical column: a bijection
+    per column (``splitmix64(id ^ column_key)``), so distinct ids of a column stay distinct and
+    equal ids of two columns differ. Local."""
+    with np.errstate(over="ignore"):
+        return splitmix64(np.asarray(ids, np.int64).view(np.uint64) ^ column_key(index)).view(np.int64)
 
 
 def binary_buffers(arr):

@@ -11,7 +11,8 @@ Global batch ``b`` is a pure function of ``(seed, b)``; each worker takes its
 slice, so the data seen is the same whatever the number of workers. A batch is
 drawn in blocks of ``BLOCK`` samples, each from its own seed ``(seed, stream,
 b, block)``, and a worker draws only the blocks its slice overlaps (not the
-whole global batch).
+whole global batch). With ``raw_keys`` a batch's ids are 64-bit keys salted per column
+(:func:`hpcps.data.hashing.salted_keys`), as a reader gives a dynamic table.
 """
 
 from functools import cached_property
@@ -20,6 +21,7 @@ import numpy as np
 
 from ..core.ids import initial_rows
 from .base import Batch, DataSource, worker_slice
+from .hashing import salted_keys
 
 __all__ = ["SyntheticCTR", "BLOCK", "CDF_ROWS", "wrapped_zipf_cdf"]
 
@@ -53,13 +55,14 @@ class SyntheticCTR(DataSource):
 
     def __init__(self, num_tables: int, rows_per_table: int, num_dense: int, batch_size: int,
                  eval_samples: int, zipf: float, seed: int, num_workers: int, worker: int,
-                 signal: float = 1.0, bias: float = -1.0):
+                 signal: float = 1.0, bias: float = -1.0, raw_keys: bool = False):
         if num_tables < 1 or rows_per_table < 1 or num_dense < 0:
             raise ValueError("synthetic data needs num_tables >= 1, rows_per_table >= 1, num_dense >= 0")
         if zipf <= 1:
             raise ValueError(f"data.zipf must be > 1, got {zipf}")
         self.tables = [(f"cat{t}", rows_per_table) for t in range(num_tables)]
         self.num_dense, self.batch_size, self.seed = num_dense, batch_size, seed
+        self.raw_keys = raw_keys
         self.eval_samples, self.zipf, self.signal, self.bias = eval_samples, zipf, signal, bias
         self._slice = worker_slice(batch_size, num_workers, worker)
         self._v = initial_rows(seed, "planted/dense", np.arange(max(num_dense, 1)), 1, scale=signal)[:num_dense, 0]
@@ -131,6 +134,8 @@ class SyntheticCTR(DataSource):
         for t, ids in enumerate(sparse):
             logit += self._planted[t][ids] if self._planted is not None else self._weights(t, ids)
         p = 1 / (1 + np.exp(-logit))
+        if self.raw_keys:
+            sparse = [salted_keys(ids, t) for t, ids in enumerate(sparse)]
         return Batch(dense, sparse, (u < p).astype(np.float32), p)
 
     def train_batch(self, step: int) -> Batch:

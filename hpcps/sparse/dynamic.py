@@ -13,6 +13,8 @@ Messages travel on a communicator of the table's own (a duplicate of the world),
 header ``[kind, step, n]`` (int64) and then ids (int64) and gradients (float32).
 """
 
+import time
+
 import numpy as np
 from mpi4py import MPI
 
@@ -21,6 +23,7 @@ from ..core.hashindex import owner_of
 from ..core.optimizers import SGD, SparseOptimizer
 from ..errors import RoleError
 from .dynamic_ckpt import DynamicCheckpointable
+from .table import TableStats
 from .validate import _to_numpy, as_grads
 
 __all__ = ["DynamicEmbeddingTable"]
@@ -28,6 +31,7 @@ __all__ = ["DynamicEmbeddingTable"]
 PULL, PUSH, STATS = 1, 2, 3
 _REPLY = 4                       # a reply's tag: _REPLY + the request's kind
 END, FIN = 8, 9                  # async/ssp: a worker ended a step; a worker is done (finalize)
+PEEK = 10                        # a pull that stores nothing (evaluation): reply tag _REPLY + PEEK
 STATS_KEYS = ("size", "capacity", "inserts", "evictions", "rejected")
 
 
@@ -84,6 +88,7 @@ class DynamicEmbeddingTable(DynamicCheckpointable):
         P = ctx.num_ps
         self.caps = [self.capacity // P + (p < self.capacity % P) for p in range(P)]   # rows per PS
         self.shard = None
+        self.traffic = TableStats(rows_per_ps=[0] * P, bytes_per_ps=[0] * P)   # this rank's pulls and pushes
         self._sends = []                                      # outstanding Isends (requests, buffers)
         if ctx.is_ps:
             self.shard = DynamicShard(name, self.dim, self.caps[ctx.ps_rank], self.optimizer, seed, int(admit_min_count), evict,
@@ -112,64 +117,92 @@ class DynamicEmbeddingTable(DynamicCheckpointable):
         MPI.Request.Waitall([r for r, _ in self._sends])
         self._sends = []
 
-    def pull_async(self, ids) -> _Handle:
+    def pull_async(self, ids, insert: bool = True) -> _Handle:
         """Rows of ``ids`` (any int64 values, repeats allowed): ``wait()`` gives float32 ``(n, dim)``.
         A new id's row is its initial row (``hpcps.initial_rows``); it is stored once admitted.
-        Local (one message to and from each owning PS)."""
+        ``insert=False`` (evaluation) stores nothing and counts no sighting: a read. Local (one
+        message to and from each owning PS)."""
         self._worker("pull")
+        t0 = time.perf_counter()
         ids = _ids(self.name, ids)
         step = self.ctx.control.step
-        out = np.empty((ids.size, self.dim), np.float32)
-        parts = []
-        split = [(p, at, *np.unique(ids[at], return_inverse=True)) for p, at in enumerate(self._split(ids))]
+        kind = PULL if insert else PEEK
+        distinct = ids.size < 2 or bool((ids[1:] > ids[:-1]).all())     # sorted and distinct: no unique
+        split = [(p, at, ids[at], None) if distinct else (p, at, *np.unique(ids[at], return_inverse=True))
+                 for p, at in enumerate(self._split(ids))]
         for p, at, uniq, _ in split:
-            if uniq.size > self.caps[p]:         # before any message: the PS could not hold them
+            if insert and uniq.size > self.caps[p]:     # before any message: the PS could not hold them
                 raise ValueError(f"table {self.name!r}: {uniq.size} distinct ids of PS {p} in one pull, more "
                                  f"than its {self.caps[p]} rows (capacity {self.capacity} over {len(self.caps)} "
                                  f"PS ranks): raise capacity")
+        parts = []
         for p, at, uniq, inv in split:
             if at.size == 0:
                 continue
             buf = np.empty((uniq.size, self.dim), np.float32)
             dst = self.ctx.ps_world_ranks[p]
-            recv = self.comm.Irecv(buf, source=dst, tag=_REPLY + PULL)
-            msg = _pack(PULL, step, uniq)
-            self._sends.append((self.comm.Isend(msg, dest=dst, tag=PULL), msg))
+            recv = self.comm.Irecv(buf, source=dst, tag=_REPLY + kind)
+            msg = _pack(kind, step, uniq)
+            self._sends.append((self.comm.Isend(msg, dest=dst, tag=kind), msg))
             self.ctx.control.ring(dst)               # a PS asleep on its doorbell looks now
             parts.append((recv, buf, at, inv))
+            self.traffic.rows_per_ps[p] += uniq.size
+            self.traffic.bytes_per_ps[p] += buf.nbytes
+        self.traffic.pulls += 1
+        self.traffic.pull_rows += ids.size
+        self.traffic.pull_seconds += time.perf_counter() - t0
 
         def finish():
+            t1 = time.perf_counter()
+            out = None
             for recv, buf, at, inv in parts:
                 recv.Wait()
                 if at.size == ids.size:                 # one PS holds them all: no scatter
-                    np.take(buf, inv, axis=0, out=out)
-                else:
-                    out[at] = np.take(buf, inv, axis=0)   # (buf[inv] gathers 2-D rows several times slower)
+                    out = buf if inv is None else np.take(buf, inv, axis=0)
+                    continue
+                if out is None:
+                    out = np.empty((ids.size, self.dim), np.float32)
+                # (buf[inv] gathers 2-D rows several times slower than np.take)
+                out[at] = buf if inv is None else np.take(buf, inv, axis=0)
             self._flush()
-            return out
+            self.traffic.pull_seconds += time.perf_counter() - t1
+            return out if out is not None else np.empty((0, self.dim), np.float32)
         return _Handle(finish)
 
-    def pull(self, ids) -> np.ndarray:
-        """``pull_async(ids).wait()``. Local."""
-        return self.pull_async(ids).wait()
+    def pull(self, ids, insert: bool = True) -> np.ndarray:
+        """``pull_async(ids, insert).wait()``. Local."""
+        return self.pull_async(ids, insert).wait()
 
     def push_async(self, ids, grads) -> _Handle:
         """Send the gradients of ``ids`` (float32 ``(n, dim)``, finite; repeated ids summed) to their
         PS ranks. In sync mode call it once a step (every PS gets one message from every worker).
         Local."""
         self._worker("push")
+        t0 = time.perf_counter()
         ids = _ids(self.name, ids)
         grads = as_grads(self.name, grads, ids.size, self.dim)
         step = self.ctx.control.step
+        distinct = ids.size < 2 or bool((ids[1:] > ids[:-1]).all())     # sorted and distinct: no sum
         for p, at in enumerate(self._split(ids)):
             if at.size == 0 and self.ctx.control.kind != "sync":
                 continue
-            uniq, summed = sum_rows(ids[at], np.take(grads, at, axis=0))
+            uniq, summed = (ids[at], np.take(grads, at, axis=0)) if distinct else \
+                sum_rows(ids[at], np.take(grads, at, axis=0))
             msg = _pack(PUSH, step, uniq, summed)
             dst = self.ctx.ps_world_ranks[p]
             self._sends.append((self.comm.Isend(msg, dest=dst, tag=PUSH), msg))
             self.ctx.control.ring(dst)
-        return _Handle(self._flush)
+            self.traffic.rows_per_ps[p] += uniq.size
+            self.traffic.bytes_per_ps[p] += summed.nbytes
+        self.traffic.pushes += 1
+        self.traffic.push_rows += ids.size
+        self.traffic.push_seconds += time.perf_counter() - t0
+
+        def finish():
+            t1 = time.perf_counter()
+            self._flush()
+            self.traffic.push_seconds += time.perf_counter() - t1
+        return _Handle(finish)
 
     def push(self, ids, grads) -> None:
         """``push_async(ids, grads).wait()``. Local."""
@@ -214,8 +247,9 @@ class DynamicEmbeddingTable(DynamicCheckpointable):
         self.comm.Recv(raw, source=src, tag=tag)
         kind, step, n = (int(x) for x in raw[:24].view(np.int64))
         ids = raw[24:24 + 8 * n].view(np.int64)
-        if kind == PULL:
-            rows = self.shard.resolve(ids, step, distinct=True)      # the worker sent them sorted, distinct
+        if kind in (PULL, PEEK):
+            # the worker sent them sorted and distinct; a peek stores nothing
+            rows = self.shard.observe(ids, step, distinct=True) if kind == PULL else self.shard.index.find(ids)
             if self._out.shape[0] < n:              # one reply buffer, grown as needed: fresh pages cost
                 self._out = np.empty((n, self.dim), np.float32)
             reply = self.shard.pull(rows, ids, out=self._out[:n])
@@ -234,7 +268,7 @@ class DynamicEmbeddingTable(DynamicCheckpointable):
             if self.ctx.control.kind == "sync":
                 self._staged.setdefault(step, {})[self._worker_of[src]] = (ids, grads)
             else:
-                self.shard.push(self.shard.index.find(ids), grads, step)
+                self.shard.push(self.shard.place(ids, step), grads, step)
             return
         self._sends.append((self.comm.Isend(reply, dest=src, tag=_REPLY + kind), reply))
 
@@ -250,7 +284,7 @@ class DynamicEmbeddingTable(DynamicCheckpointable):
         got = self._staged.pop(step)
         uniq, summed = sum_rows(np.concatenate([got[w][0] for w in range(W)]),   # in worker order:
                                 np.concatenate([got[w][1] for w in range(W)]))   # the same bits every run
-        self.shard.push(self.shard.index.find(uniq), summed, step)
+        self.shard.push(self.shard.place(uniq, step), summed, step)
 
     def _drain_to(self, step: int) -> None:
         """PS, async/ssp, at a checkpoint cut of ``step``: apply every push of steps ``< step``
@@ -259,6 +293,15 @@ class DynamicEmbeddingTable(DynamicCheckpointable):
         while self.ctx.control.kind != "sync" and self._ended.min() < step - 1:
             self.comm.Probe(MPI.ANY_SOURCE, MPI.ANY_TAG, status)
             self._handle(status)
+
+    @property
+    def shared_memory_ps(self) -> list[int]:
+        """PS indices this worker reads straight from shared memory: none (every pull is a message). Local."""
+        return []
+
+    def held_bytes(self) -> int:
+        """PS: bytes of its shard (rows, optimizer state, index, per-row counters); 0 elsewhere. Local."""
+        return self.shard.nbytes if self.shard is not None else 0
 
     def free(self) -> None:
         """Collective over the world (the context frees it at ``finalize``); safe twice. A PS first

@@ -237,6 +237,11 @@ class EmbeddingTable(Checkpointable):
             raise RoleError(f"table {self.name!r}: shard() is for PS ranks")
         return self.rows.local().reshape(-1, self.dim)
 
+    @property
+    def traffic(self) -> TableStats:
+        """This rank's counters (:attr:`stats`), under the name a dynamic table gives them. Local."""
+        return self.stats
+
     def held_bytes(self) -> int:
         """PS: bytes of rows, optimizer state, 16-bit copy and push mailbox this rank holds. Local."""
         if not self.ctx.is_ps:

@@ -11,8 +11,9 @@ from ..core.optimizers import LRSchedule
 from ..core.settings import parse_mode
 from ..models import DLRM, MatrixFactorization
 from ..sparse import EmbeddingTable
+from ..sparse.dynamic import DynamicEmbeddingTable
 
-__all__ = ["total_steps", "table_specs", "fused_tables", "FUSED_TABLE", "dense_optimizer", "dense_schedule",
+__all__ = ["total_steps", "table_specs", "dynamic_capacity", "fused_tables", "FUSED_TABLE", "dense_optimizer", "dense_schedule",
            "build_model", "make_tables", "pipeline_switches"]
 
 logger = logging.getLogger(__name__)
@@ -91,14 +92,41 @@ def pipeline_switches(cfg: Config, ctx) -> dict:
     remote = cfg.job.transport == "rma" or bool(ctx.world.allreduce(
         int(ctx.is_worker and any(r not in ctx.node_ranks for r in ctx.ps_world_ranks)), op=MPI.MAX))
     threads = remote and MPI.Query_thread() >= MPI.THREAD_MULTIPLE
+    if cfg.model.dynamic_tables:    # a dynamic table's rows carry no version stamps to refresh a prefetch by
+        return {"prefetch": False, "background_push": resolve_switch(cfg.pipeline.background_push, threads)}
     return {"prefetch": resolve_switch(cfg.pipeline.prefetch, threads),
             "background_push": resolve_switch(cfg.pipeline.background_push, threads)}
+
+
+def dynamic_capacity(cfg: Config, data) -> int:
+    """``model.dynamic_capacity``, 0 meaning the rows the fixed tables would have: the feature
+    columns times ``data.rows_per_table`` (synthetic) or ``data.hash_rows``. Local."""
+    if cfg.model.dynamic_capacity:
+        return cfg.model.dynamic_capacity
+    return len(data.tables) * _column_rows(cfg)
+
+
+def _column_rows(cfg: Config) -> int:
+    """The rows a fixed table of one feature column has: ``data.rows_per_table`` (synthetic) or
+    ``data.hash_rows``. Local."""
+    return cfg.data.rows_per_table if cfg.data.format == "synthetic-ctr" else cfg.data.hash_rows
 
 
 def make_tables(cfg: Config, ctx, data, steps: int, pipe: dict) -> list:
     """The job's embedding tables: one table-batched table (a segment per feature table: a step's
     pulls, pushes and optimizer apply take one pass instead of one per table; each row starts as
-    before) where :func:`fused_tables` says so, else one per feature table. Collective over the world."""
+    before) where :func:`fused_tables` says so, else one per feature table; with
+    ``model.dynamic_tables`` one :class:`DynamicEmbeddingTable` for every feature column (the
+    data's keys are salted per column). Collective over the world."""
+    if cfg.model.dynamic_tables:
+        m = cfg.model
+        capacity = dynamic_capacity(cfg, data)
+        init = "uniform" if m.init == "auto" else m.init
+        # as the fixed tables' (whatever the capacity: a restart with another keeps new rows alike)
+        scale = m.init_scale or float(np.sqrt(1.0 / _column_rows(cfg)))
+        return [DynamicEmbeddingTable(ctx, FUSED_TABLE, m.dim, capacity, build_sparse_optimizer(cfg.optimizer.sparse, steps),
+                                      seed=cfg.job.seed, admit_min_count=m.admit_min_count, evict=m.evict, init=init,
+                                      scale=scale)]
     kind, _ = parse_mode(ctx.mode)
     c = cfg.checkpoint
     options = dict(optimizer=build_sparse_optimizer(cfg.optimizer.sparse, steps), seed=cfg.job.seed,

@@ -56,7 +56,8 @@ def train(cfg: Config) -> dict | None:
         # busy node: across pretend hosts sharing CPUs, the PS's adds took 3x as long)
         torch.set_num_threads(1 if ctx.is_ps else
                               cfg.model.threads or max(1, ctx.node_cpus // ctx.node_comm.Get_size()))
-        data = make_data(cfg.data, j.seed, ctx.num_workers, max(ctx.worker_rank, 0), world, not ctx.is_ps)
+        data = make_data(cfg.data, j.seed, ctx.num_workers, max(ctx.worker_rank, 0), world, not ctx.is_ps,
+                         raw_keys=cfg.model.dynamic_tables)
         steps = total_steps(cfg, data)
         pipe = pipeline_switches(cfg, ctx)
         tables = make_tables(cfg, ctx, data, steps, pipe)
@@ -135,7 +136,7 @@ def _loader(cfg, ctx, data, start: int, steps: int, tables) -> BatchAhead | None
         logger.warning("hpcps: pipeline.loader = on needs Linux on x86-64; drawing batches in the worker")
         return None
     annex = None
-    if cfg.model.kind == "dlrm":
+    if cfg.model.kind == "dlrm" and not cfg.model.dynamic_tables:     # (a dynamic table's keys are not rows)
         plan = IdPlan(tables)
 
         def annex(batch):

@@ -56,7 +56,7 @@ def pipeline_summary(pl, pipe, comm_thread, embs, totals, loader) -> dict:
     if totals.get("prefetched"):
         out["prefetch_refreshed"] = totals["refreshed"] / totals["prefetched"]
     # pushes to another node too large for this worker's mailbox slot there (sent the locked way)
-    out["push_mailbox_full"] = sum(e.table.stats.inbox_full for e in embs)
+    out["push_mailbox_full"] = sum(e.table.traffic.inbox_full for e in embs)
     return out
 
 
@@ -79,7 +79,7 @@ class Telemetry:
         self._mark_tables()
 
     def _mark_tables(self) -> None:
-        self._table_s = [(t.stats.pull_seconds, t.stats.push_seconds) for t in self.tables]
+        self._table_s = [(t.traffic.pull_seconds, t.traffic.push_seconds) for t in self.tables]
 
     def add(self, times: dict, stale: int, loss: float, samples: int) -> None:
         """One step's phase times, staleness seen, summed loss and samples. Local."""
@@ -97,10 +97,10 @@ class Telemetry:
         tables = self.tables
         rec = {"step": step, "loss": self.loss_acc / max(self.n_acc, 1), "samples_per_s": rate,
                "staleness": stale,
-               "pull_ms": 1e3 * sum(t.stats.pull_seconds - p[0] for t, p in zip(tables, self._table_s)) / n,
-               "push_ms": 1e3 * sum(t.stats.push_seconds - p[1] for t, p in zip(tables, self._table_s)) / n,
-               "rows_per_ps": [int(sum(t.stats.rows_per_ps[p] for t in tables)) for p in range(self.num_ps)],
-               "bytes_per_ps": [int(sum(t.stats.bytes_per_ps[p] for t in tables)) for p in range(self.num_ps)],
+               "pull_ms": 1e3 * sum(t.traffic.pull_seconds - p[0] for t, p in zip(tables, self._table_s)) / n,
+               "push_ms": 1e3 * sum(t.traffic.push_seconds - p[1] for t, p in zip(tables, self._table_s)) / n,
+               "rows_per_ps": [int(sum(t.traffic.rows_per_ps[p] for t in tables)) for p in range(self.num_ps)],
+               "bytes_per_ps": [int(sum(t.traffic.bytes_per_ps[p] for t in tables)) for p in range(self.num_ps)],
                "staleness_counts": {str(k): v for k, v in sorted(self.stale_counts.items())},
                **pipeline_rates(self.embs, self.totals),
                "time_breakdown_s": {k: round(v, 6) for k, v in self.timing.items()}}

@@ -29,6 +29,7 @@ from ..core.settings import parse_mode
 from ..dense import DenseSync
 from ..metrics import MetricsLog
 from ..nn import IdPlan, ShardedEmbeddingBag, ShardedEmbeddingCollection
+from ..nn_dynamic import DynamicEmbeddingCollection
 from ..sparse.pipeline import CommThread, PushBatch, RowCache
 from .best import Evaluations
 from .build import build_model, dense_optimizer, dense_schedule
@@ -70,11 +71,16 @@ class Worker:
         caches = [RowCache(pl.cache_rows * len(t.logical), t.dim, pl.cache_staleness)
                   if pl.cache_rows else None for t in tables]
         self.pushes = PushBatch(self.comm_thread)   # a step's pushes of every table go out together
+        dynamic = cfg.model.dynamic_tables           # one dynamic table: its own one push a step, no cache
         self.embs = [ShardedEmbeddingBag(t, mode="sum", grad_scale=1.0 / self.W, device=self.device,
-                                         comm=self.comm_thread, cache=cache, batch=self.pushes)
+                                         comm=self.comm_thread, cache=None if dynamic else cache,
+                                         batch=None if dynamic else self.pushes)
                      for t, cache in zip(tables, caches)]
         # DLRM looks every table up at once (one autograd node and one hook for all of them)
-        self.lookup = ShardedEmbeddingCollection(self.embs) if cfg.model.kind == "dlrm" else self.embs
+        if dynamic:
+            self.lookup = DynamicEmbeddingCollection(self.embs[0], len(data.tables))
+        else:
+            self.lookup = ShardedEmbeddingCollection(self.embs) if cfg.model.kind == "dlrm" else self.embs
         self.model = build_model(cfg, self.lookup, data).to(self.device)
         self.dense = DenseSync(self.model, self.comm, backend=cfg.model.dense_backend, bucket_mb=cfg.model.bucket_mb,
                                nccl_host=cfg.model.nccl_host or None)
@@ -281,6 +287,8 @@ class Worker:
             self.evals.mark(done_steps)
         self.trigger.release()
         all_stale = self.comm.gather(self.ctx.control.staleness, root=0)
+        # a dynamic table's size and counters (worker 0 asks the PS ranks, which still serve)
+        self.table_stats = self.tables[0].stats() if self.cfg.model.dynamic_tables and self.lead else None
         if self.cfg.job.export and self.lead:
             if self.cfg.job.export_best:
                 name = self.evals.export_best(self.cfg.job.export)
@@ -306,6 +314,7 @@ class Worker:
                 "mpi_threads": thread_level_name(), "sharding": self.tables[0].sharding.name,
                 "max_staleness": max(flat) if flat else 0, "data": self.data.stats,
                 "best": self.evals.summary(), "evaluations": self.evals.count,
+                **({"dynamic_table": self.table_stats} if self.table_stats is not None else {}),
                 "early_stopped": self.evals.stopped_early,
                 "pipeline": pipeline_summary(self.cfg.pipeline, self.pipe, self.comm_thread, self.embs,
                                              self.telemetry.totals, self.loader)}

@@ -30,12 +30,14 @@ elif ctx.worker_rank == 0:
     np.testing.assert_array_equal(step(2, [5]), init([5]) - 1)     # that push applied
     s = t.stats()
     assert s["size"] == 1 and s["inserts"] == 1 and s["rejected"] == 1, s
+    zeros = np.zeros((3, D), np.float32)                           # a push stores an admitted id
     for i, ids in enumerate(([10, 11, 12], [10, 11, 12], [5]), start=3):
-        step(i, ids)                                               # 10-12 admitted: full; 5 touched last
-    step(6, [20])
-    step(7, [20])                                                  # 20 admitted: the oldest, 10, evicted
+        step(i, ids, zeros[:len(ids)])                             # 10-12 admitted at 4: full; 5 touched last
+    step(6, [20], zeros[:1])
+    assert t.stats()["size"] == 4                                  # a pull stores nothing
+    step(7, [20], zeros[:1])                                       # 20 admitted: the oldest, 10, evicted
     s = t.stats()
-    assert s["size"] == 4 and s["evictions"] == 1 and s["inserts"] == 5, s
+    assert s["size"] == 4 and s["evictions"] == 1 and s["inserts"] == 5 and s["rejected"] == 5, s
     np.testing.assert_array_equal(step(8, [5, 11, 12, 20]), np.concatenate([init([5]) - 1, init([11, 12, 20])]))
     try:
         t.pull(np.arange(5, dtype=np.int64))                       # 5 distinct ids, 4 rows
