@@ -3,11 +3,11 @@
 
 A shard holds ``capacity`` rows of ``dim`` floats and the sparse optimizer's state beside them, a
 :class:`~hpcps.core.hashindex.HashIndex` from ids to rows, and per row the last step that
-touched it and how many times it was used. :meth:`DynamicShard.resolve` turns a step's ids into
-rows: present ids as they are, new admitted ids into free rows (their values
-``hpcps.initial_rows(seed, name, [id], dim)``, as in a fixed table, their state fresh), evicting
-rows not touched in this step when none are free; ids not admitted get -1 (their pull is their
-initial row, their push is dropped and counted). Admission counts sightings in a count-min
+touched it and how many times it was pulled. A pull's :meth:`DynamicShard.observe` only looks
+(present rows count a use, absent ids a sighting); a push's :meth:`DynamicShard.place` stores:
+new admitted ids get free rows (their values ``hpcps.initial_rows(seed, name, [id], dim)``, as
+in a fixed table, their state fresh), evicting rows not touched in this step when none are free;
+ids not admitted get -1 (their pull is their initial row, their push is dropped and counted). Admission counts sightings in a count-min
 sketch: bounded memory, never fewer than the true count (so an id is admitted at its
 ``admit_min_count``-th sighting or, on a hash collision, sooner). No MPI here: local.
 """

@@ -1,13 +1,16 @@
-"""Dynamic embedding tables: rows keyed by any int64 id, made on first use (issue 26; in progress).
+"""Dynamic embedding tables: rows keyed by any int64 id, made on first use (issue 26).
 
 Each PS holds a :class:`hpcps.core.dynshard.DynamicShard` of ``capacity / num_ps`` rows and
 serves the table from its serve loop (a service hook). A worker's pull sends each owner
 (:func:`hpcps.core.hashindex.owner_of`) the distinct ids it owns, one message per owner per call,
-and gets their rows back; a push sends each owner its ids and their summed gradients. In sync
+and gets their rows back (a pull stores nothing: an absent id's row is its initial row); a push
+sends each owner its ids and their summed gradients, and stores the admitted absent ones. In sync
 mode every worker sends each owner exactly one push message a step (empty when it has nothing
 for it), the PS keeps them by worker, and before the step's apply (:attr:`StepControl.before_apply`)
 it waits for all of them and applies their sum in worker order: the same bits in every run. In
-async and ssp modes a push is applied when it arrives. ``stats()`` asks every PS for its counters.
+async and ssp modes a push is applied when it arrives, and every worker marks each step's end
+(END) and its own (FIN) so checkpoint cuts and ``finalize`` hold every push before them.
+``stats()`` asks every PS for its counters. Checkpoints: :mod:`hpcps.sparse.dynamic_ckpt`.
 
 Messages travel on a communicator of the table's own (a duplicate of the world), as bytes: a
 header ``[kind, step, n]`` (int64) and then ids (int64) and gradients (float32).
