@@ -12,6 +12,8 @@ sketch: bounded memory, never fewer than the true count (so an id is admitted at
 ``admit_min_count``-th sighting or, on a hash collision, sooner). No MPI here: local.
 """
 
+import contextlib
+
 import numpy as np
 
 from .ids import initial_rows, splitmix64
@@ -72,12 +74,21 @@ class DynamicShard:
     """Rows, optimizer state and index of one PS's part of dynamic table ``name``. Local."""
 
     def __init__(self, name: str, dim: int, capacity: int, optimizer: SparseOptimizer, seed: int = 0,
-                 admit_min_count: int = 1, evict: str = "lru", init: str = "uniform", scale: float | None = None):
+                 admit_min_count: int = 1, evict: str = "lru", init: str = "uniform", scale: float | None = None,
+                 memory: dict | None = None):
+        """``memory``: where the rows (``"rows"``, ``(capacity, dim)`` float32) and the index's
+        buckets (``"buckets"``, :func:`~hpcps.core.hashindex.bucket_count` x 2 int64) live, with a
+        ``"version"`` word (int64) that is odd while the index changes and a ``"fence"`` (a memory
+        barrier): window memory that same-host workers read (a seqlock). Default: private arrays."""
         if evict not in EVICTIONS:
             raise ValueError(f"table {name!r}: evict must be one of {', '.join(EVICTIONS)}, got {evict!r}")
         self.name, self.dim, self.seed, self.evict = name, int(dim), int(seed), evict
         self.optimizer, self.init, self.scale = optimizer, init, scale
-        self.rows = np.zeros((capacity, self.dim), np.float32)
+        memory = memory or {}
+        self.rows = memory["rows"] if "rows" in memory else np.zeros((capacity, self.dim), np.float32)
+        self._buckets = memory.get("buckets")
+        self.version = memory["version"] if "version" in memory else np.zeros(1, np.int64)
+        self._fence = memory.get("fence", lambda: None)
         self.state = new_state(optimizer, capacity, self.dim) if optimizer.stateful else {}
         self._fresh = {k: v[:1].copy() for k, v in self.state.items()}    # a new row's state
         self.admission = Admission(admit_min_count, seed=seed)
@@ -86,7 +97,8 @@ class DynamicShard:
     def reset(self) -> None:
         """Empty the shard (no id, counters zero; the rows' memory is kept). Local."""
         capacity = self.rows.shape[0]
-        self.index = HashIndex(capacity)
+        with self.changing():
+            self.index = HashIndex(capacity, storage=self._buckets)
         self.last = np.full(capacity, -1, np.int64)      # last step that touched each row
         self.uses = np.zeros(capacity, np.int64)
         if self.admission.counts is not None:
@@ -97,6 +109,18 @@ class DynamicShard:
         # that level's last checkpoint", and per level the ids evicted since
         self.dirty = np.zeros(capacity, np.uint8)
         self.evicted = {PFS: [], LOCAL: []}
+
+    @contextlib.contextmanager
+    def changing(self):
+        """Around a change of the index (and the rows it maps): the version word odd meanwhile, so
+        a reader of the window memory that saw it even, or changed, reads again. Local."""
+        self.version[0] += 1
+        self._fence()
+        try:
+            yield
+        finally:
+            self._fence()
+            self.version[0] += 1
 
     @property
     def nbytes(self) -> int:
@@ -161,11 +185,12 @@ class DynamicShard:
                              f"shard's capacity of {self.capacity} rows (raise capacity)")
         rows = self.index.find(uniq)
         new = np.flatnonzero(rows < 0)
-        if new.size:
-            admitted = new[self.admission.admitted(uniq[new])]
-            self._make_room(admitted.size, step, rows[rows >= 0])
-            got = self.index.insert(uniq[admitted])
-            self.rows[got] = self.initial(uniq[admitted])
+        admitted = new[self.admission.admitted(uniq[new])] if new.size else new
+        if admitted.size:
+            with self.changing():
+                self._make_room(admitted.size, step, rows[rows >= 0])     # (raises before any change)
+                got = self.index.insert(uniq[admitted])
+                self.rows[got] = self.initial(uniq[admitted])
             for k, v in self.state.items():
                 v[got] = self._fresh[k]
             self.last[got], self.uses[got], self.dirty[got] = step, 1, PFS | LOCAL
@@ -269,8 +294,9 @@ class DynamicShard:
             first, second = (last, uses) if self.evict == "lru" else (uses, last)
             keep = np.sort(np.lexsort((ids, second, first))[drop:])
             self.counters["evictions"] += drop
-        rows = self.index.insert(ids[keep])
-        self.rows[rows] = weights[keep]
+        with self.changing():
+            rows = self.index.insert(ids[keep])
+            self.rows[rows] = weights[keep]
         for k, v in self.state.items():
             v[rows] = state[k][keep]
         self.last[rows], self.uses[rows] = last[keep], uses[keep]

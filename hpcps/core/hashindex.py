@@ -17,7 +17,7 @@ import numpy as np
 
 from .ids import splitmix64
 
-__all__ = ["HashIndex", "owner_of", "bucket_of", "EMPTY", "GONE"]
+__all__ = ["HashIndex", "owner_of", "bucket_of", "bucket_count", "probe", "EMPTY", "GONE"]
 
 EMPTY, GONE = -1, -2
 _SALT = np.uint64(0x2545F4914F6CDD1D)     # bucket hash: other bits than the owner's
@@ -42,21 +42,47 @@ def bucket_of(ids, mask: int) -> np.ndarray:
     return (splitmix64(_u64(ids) ^ _SALT) & np.uint64(mask)).astype(np.int64)
 
 
+def bucket_count(capacity: int) -> int:
+    """Buckets of the index of a shard of ``capacity`` rows: a power of 2, at least twice it. Local."""
+    return max(8, 1 << (2 * int(capacity) - 1).bit_length())
+
+
+def probe(buckets: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(rows, buckets)`` of distinct-or-not int64 ``ids`` in the ``(n, 2)`` bucket array
+    ``buckets`` (-1 where absent): what :meth:`HashIndex.find` does, on any copy or mapping of
+    an index's buckets (a worker reads a PS's from shared memory). Local."""
+    mask = buckets.shape[0] - 1
+    rows = np.full(ids.size, -1, np.int64)
+    where = np.full(ids.size, -1, np.int64)
+    pos = bucket_of(ids, mask)
+    todo = np.arange(ids.size)
+    while todo.size:
+        p = pos[todo]
+        kv = np.take(buckets, p, axis=0)           # (b[p] gathers 2-D rows ~7x slower)
+        s = kv[:, 1]
+        hit = (s >= 0) & (kv[:, 0] == ids[todo])
+        rows[todo[hit]], where[todo[hit]] = s[hit], p[hit]
+        todo = todo[~hit & (s != EMPTY)]           # an empty bucket ends a miss's chain
+        pos[todo] = (pos[todo] + 1) & mask
+    return rows, where
+
+
 class HashIndex:
     """Ids to rows ``[0, capacity)`` of one PS's shard. ``find`` looks ids up, ``insert`` adds
     absent ones (taking free rows), ``remove`` drops rows. Local (the owning PS writes; readers
     of the same arrays must not race a write)."""
 
-    def __init__(self, capacity: int, buckets: int | None = None):
+    def __init__(self, capacity: int, buckets: int | None = None, storage: np.ndarray | None = None):
         if int(capacity) < 1:
             raise ValueError(f"capacity must be >= 1 row, got {capacity}")
         self.capacity = int(capacity)
-        n = buckets or max(8, 1 << (2 * self.capacity - 1).bit_length())
+        n = storage.shape[0] if storage is not None else buckets or bucket_count(self.capacity)
         if n & (n - 1) or n < 2 * self.capacity:
             raise ValueError(f"buckets must be a power of 2 and >= 2 x capacity, got {n} for {capacity}")
         self.mask = n - 1
-        # a bucket's key and row side by side: a probe reads one cache line, not two
-        self.buckets = np.zeros((n, 2), np.int64)
+        # a bucket's key and row side by side: a probe reads one cache line, not two. ``storage``:
+        # an (n, 2) int64 array to keep them in (window memory that same-host workers read)
+        self.buckets = storage if storage is not None else np.zeros((n, 2), np.int64)
         self.buckets[:, 1] = EMPTY
         self.keys, self.slot = self.buckets[:, 0], self.buckets[:, 1]
         self.row_key = np.zeros(self.capacity, np.int64)
@@ -73,19 +99,7 @@ class HashIndex:
 
     def _probe(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(rows, buckets)`` of ``ids`` (-1 where absent)."""
-        rows = np.full(ids.size, -1, np.int64)
-        where = np.full(ids.size, -1, np.int64)
-        pos = bucket_of(ids, self.mask)
-        todo = np.arange(ids.size)
-        while todo.size:
-            p = pos[todo]
-            kv = np.take(self.buckets, p, axis=0)      # (b[p] gathers 2-D rows ~7x slower)
-            s = kv[:, 1]
-            hit = (s >= 0) & (kv[:, 0] == ids[todo])
-            rows[todo[hit]], where[todo[hit]] = s[hit], p[hit]
-            todo = todo[~hit & (s != EMPTY)]           # an empty bucket ends a miss's chain
-            pos[todo] = (pos[todo] + 1) & self.mask
-        return rows, where
+        return probe(self.buckets, ids)
 
     def find(self, ids) -> np.ndarray:
         """The row of each id, -1 where absent (int64). Local."""

@@ -76,11 +76,14 @@ class StepControl:
         self.wait_seconds = 0.0
         self.before_apply = []           # PS, sync: called before each step's apply (checkpoint cuts)
         self.on_end = []                 # worker: called with the step at each end(), before it is counted
+        self.before_publish = []         # PS, async/ssp: called with the step-end count before a publish
+        self.first_done = 0              # the step-end count this run started from (set_start)
 
     def set_start(self, step: int) -> None:
         """Every rank, before training resumes at ``step``: counters as if steps ``< step`` ran.
         Collective over the world."""
         W = self.ctx.num_workers
+        self.first_done = step * W
         if self.ctx.is_ps:
             self._mine[0], self._mine[1] = step * W, step
             self._mine[2:2 + W] = step
@@ -223,6 +226,8 @@ class StepControl:
         rows = apply_staged(self.ctx, tables, max(complete, self.step) if final else complete,
                             stamp=complete + self.bound + 1)
         if complete > self.step or final:
+            for hook in self.before_publish:
+                hook(done)
             self._publish(max(complete, self.step))
             return True
         return rows > 0

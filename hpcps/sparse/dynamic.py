@@ -23,9 +23,11 @@ from mpi4py import MPI
 
 from ..core.dynshard import EVICTIONS, DynamicShard, sum_rows
 from ..core.hashindex import owner_of
+from ..core.ids import initial_rows
 from ..core.optimizers import SGD, SparseOptimizer
 from ..errors import RoleError
 from .dynamic_ckpt import DynamicCheckpointable
+from .dynamic_shm import ShardMemory
 from .table import TableStats
 from .validate import _to_numpy, as_grads
 
@@ -35,6 +37,7 @@ PULL, PUSH, STATS = 1, 2, 3
 _REPLY = 4                       # a reply's tag: _REPLY + the request's kind
 END, FIN = 8, 9                  # async/ssp: a worker ended a step; a worker is done (finalize)
 PEEK = 10                        # a pull that stores nothing (evaluation): reply tag _REPLY + PEEK
+OBSERVE = 11                     # a same-host worker read rows itself: the PS counts the uses (no reply)
 STATS_KEYS = ("size", "capacity", "inserts", "evictions", "rejected")
 
 
@@ -91,21 +94,27 @@ class DynamicEmbeddingTable(DynamicCheckpointable):
         P = ctx.num_ps
         self.caps = [self.capacity // P + (p < self.capacity % P) for p in range(P)]   # rows per PS
         self.shard = None
+        self.seed, self.init, self.scale = int(seed), init, scale
         self.traffic = TableStats(rows_per_ps=[0] * P, bytes_per_ps=[0] * P)   # this rank's pulls and pushes
         self._sends = []                                      # outstanding Isends (requests, buffers)
+        self.memory = ShardMemory(ctx, name, self.dim, self.caps)     # collective; same-host reads
         if ctx.is_ps:
             self.shard = DynamicShard(name, self.dim, self.caps[ctx.ps_rank], self.optimizer, seed, int(admit_min_count), evict,
-                                      init, scale)
+                                      init, scale, memory=self.memory.memory())
             self._staged = {}                                 # sync: step -> {worker: (ids, grads)}
+            self._observed = {}                               # sync: step -> [pulled ids], counted at its apply
             self._out = np.empty((0, self.dim), np.float32)   # pull replies
             self._worker_of = {r: w for w, r in enumerate(ctx.worker_world_ranks)}
             self._ended = np.full(ctx.num_workers, -1, np.int64)    # async/ssp: each worker's last END
             self._fins = 0
             ctx.add_service_hook(self._serve)
             ctx.control.before_apply.append(self._apply_step)
+            self._ends = 0                                    # async/ssp: END messages taken
+            ctx.control.before_publish.append(self._drain_ends)    # async/ssp: a fence holds every push
         elif ctx.control.kind != "sync":
             ctx.control.on_end.append(self._end_step)
         ctx.add_resource(self)
+        ctx.world.Barrier()             # every shard's index is made before a worker reads one
 
     # ------------------------------------------------------------ worker side
     def _worker(self, what: str) -> None:
@@ -142,6 +151,17 @@ class DynamicEmbeddingTable(DynamicCheckpointable):
         for p, at, uniq, inv in split:
             if at.size == 0:
                 continue
+            got = self.memory.read(p, uniq) if self.memory.views[p] is not None else None
+            if got is not None:                     # on this host: read from its window, no PS
+                buf, found = got
+                miss = found < 0
+                if miss.any():
+                    buf[miss] = initial_rows(self.seed, self.name, uniq[miss], self.dim, self.scale, kind=self.init)
+                if insert:                          # the PS counts the uses (before its next apply)
+                    msg = _pack(OBSERVE, step, uniq)
+                    self._sends.append((self.comm.Isend(msg, dest=self.ctx.ps_world_ranks[p], tag=OBSERVE), msg))
+                parts.append((None, buf, at, inv))
+                continue
             buf = np.empty((uniq.size, self.dim), np.float32)
             dst = self.ctx.ps_world_ranks[p]
             recv = self.comm.Irecv(buf, source=dst, tag=_REPLY + kind)
@@ -159,7 +179,8 @@ class DynamicEmbeddingTable(DynamicCheckpointable):
             t1 = time.perf_counter()
             out = None
             for recv, buf, at, inv in parts:
-                recv.Wait()
+                if recv is not None:
+                    recv.Wait()
                 if at.size == ids.size:                 # one PS holds them all: no scatter
                     out = buf if inv is None else np.take(buf, inv, axis=0)
                     continue
@@ -252,15 +273,21 @@ class DynamicEmbeddingTable(DynamicCheckpointable):
         ids = raw[24:24 + 8 * n].view(np.int64)
         if kind in (PULL, PEEK):
             # the worker sent them sorted and distinct; a peek stores nothing
-            rows = self.shard.observe(ids, step, distinct=True) if kind == PULL else self.shard.index.find(ids)
+            rows = self.shard.index.find(ids)
+            if kind == PULL:
+                self._observe(ids, step)
             if self._out.shape[0] < n:              # one reply buffer, grown as needed: fresh pages cost
                 self._out = np.empty((n, self.dim), np.float32)
             reply = self.shard.pull(rows, ids, out=self._out[:n])
             self.comm.Send(reply, dest=src, tag=_REPLY + kind)   # the worker posted its receive first
             return
+        elif kind == OBSERVE:
+            self._observe(ids.copy(), step)
+            return
         elif kind in (END, FIN):
             w = self._worker_of[src]
             self._ended[w] = max(self._ended[w], step)
+            self._ends += kind == END
             self._fins += kind == FIN
             return
         elif kind == STATS:
@@ -285,9 +312,19 @@ class DynamicEmbeddingTable(DynamicCheckpointable):
             self.comm.Probe(MPI.ANY_SOURCE, MPI.ANY_TAG, status)
             self._handle(status)
         got = self._staged.pop(step)
+        for ids in self._observed.pop(step, []):     # the step's uses, after a checkpoint cut at it
+            self.shard.observe(ids, step, distinct=True)
         uniq, summed = sum_rows(np.concatenate([got[w][0] for w in range(W)]),   # in worker order:
                                 np.concatenate([got[w][1] for w in range(W)]))   # the same bits every run
         self.shard.push(self.shard.place(uniq, step), summed, step)
+
+    def _observe(self, ids: np.ndarray, step: int) -> None:
+        """PS: count a pull's uses and sightings; in sync mode at the step's apply (a checkpoint cut
+        at ``step``, just before that apply, must see none of them, whenever they came). Local."""
+        if self.ctx.control.kind == "sync":
+            self._observed.setdefault(step, []).append(ids)
+        else:
+            self.shard.observe(ids, step, distinct=True)
 
     def _drain_to(self, step: int) -> None:
         """PS, async/ssp, at a checkpoint cut of ``step``: apply every push of steps ``< step``
@@ -305,6 +342,14 @@ class DynamicEmbeddingTable(DynamicCheckpointable):
     def held_bytes(self) -> int:
         """PS: bytes of its shard (rows, optimizer state, index, per-row counters); 0 elsewhere. Local."""
         return self.shard.nbytes if self.shard is not None else 0
+
+    def _drain_ends(self, done: int) -> None:
+        """PS, async/ssp, before publishing ``done`` step ends (the control's count): take the END
+        each of them sent first, so every push before it is applied (a fence holds them). Local."""
+        status = MPI.Status()
+        while self.ctx.control.kind != "sync" and self._ends < done - self.ctx.control.first_done:
+            self.comm.Probe(MPI.ANY_SOURCE, MPI.ANY_TAG, status)
+            self._handle(status)
 
     def free(self) -> None:
         """Collective over the world (the context frees it at ``finalize``); safe twice. A PS first
@@ -327,3 +372,4 @@ class DynamicEmbeddingTable(DynamicCheckpointable):
         MPI.Request.Waitall([r for r, _ in self._sends])
         self._sends = []
         self.comm.Free()
+        self.memory.free()

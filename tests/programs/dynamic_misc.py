@@ -20,6 +20,7 @@ elif ctx.worker_rank == 0:
         rows = t.pull(np.asarray(ids, np.int64))
         if grads is not None:
             t.push(np.asarray(ids, np.int64), grads)
+            t.stats()       # a request after the push: the PS applied it (async; a same-host pull reads the window)
         ctx.step_end(i)
         return rows
 
