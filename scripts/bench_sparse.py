@@ -119,6 +119,9 @@ def main():
         res["ps_table_bytes"] = auto.rows.nbytes + 8
         res["ps_rss_growth_bytes"] = rss1 - rss0
         ctx.serve()
+        # memory per stored row: index, row, optimizer state and per-row counters, against the fixed table's
+        res["dynamic_bytes_per_row"] = dyn.held_bytes() / max(dyn.shard.index.size, 1)
+        res["fixed_bytes_per_row"] = auto.held_bytes() / auto.shard().shape[0]
     else:
         for t in (auto, rma, rma_get):                         # map every page once
             for s in range(0, N, 1 << 16):
@@ -130,13 +133,20 @@ def main():
         res["hpcps_rma_pull"] = timed(rma.pull, batches)
         res["hpcps_rma_push"] = timed(lambda ids: rma.push(ids, grads), batches)
         res["hpcps_rma_get_pull"] = timed(rma_get.pull, batches)
-        # the dynamic table: ids 0..N-1 stored first (every batch's ids present), then pulls, and
-        # sync steps (pull, push, the step's apply) against the same steps of the fixed table
+        # the dynamic table: ids 0..N-1 stored first (a push stores them: zero gradients, in sync
+        # steps), then pulls, and sync steps (pull, push, the step's apply) against the same steps
+        # of the fixed table
+        clock = [0]
+        zeros = np.zeros((1 << 16, D), np.float32)
         for s in range(0, N, 1 << 16):
-            dyn.pull(np.arange(s, min(N, s + (1 << 16))))
+            ids = np.arange(s, min(N, s + (1 << 16)))
+            ctx.step_begin(clock[0])
+            dyn.push(ids, zeros[:ids.size])
+            ctx.step_end(clock[0])
+            clock[0] += 1
+        ctx.fence(clock[0])
         ctx.worker_comm.Barrier()
         res["hpcps_dynamic_pull"] = timed(dyn.pull, batches)
-        clock = [0]
 
         def sync_step(t, ids):
             ctx.step_begin(clock[0])
@@ -154,6 +164,7 @@ def main():
     workers = [r for r in all_res if "hpcps_auto_pull" in r]
     ps = [r for r in all_res if "ps_table_bytes" in r]
     mean = {k: float(np.mean([w[k] for w in workers])) for k in workers[0]}
+    per_row = {k: float(np.mean([p[k] for p in ps])) for k in ("dynamic_bytes_per_row", "fixed_bytes_per_row")}
     row_gb = D * 4 / 1e9
     report = {
         "config": {"rows": N, "dim": D, "batch": B, "iters": args.iters, "num_ps": ctx.num_ps,
@@ -174,7 +185,8 @@ def main():
                     "dynamic_pull_vs_fixed": 0.5, "dynamic_sync_step_vs_fixed": 0.5},
         "memory": {"ps_table_bytes": ps[0]["ps_table_bytes"], "ps_rss_growth_bytes": ps[0]["ps_rss_growth_bytes"],
                    "ps_overhead_fraction": ps[0]["ps_rss_growth_bytes"] / (N / ctx.num_ps * D * 4) - 1,
-                   "worker_window_bytes": int(mean["worker_window_bytes"])},
+                   "worker_window_bytes": int(mean["worker_window_bytes"]), **per_row,
+                   "dynamic_vs_fixed_bytes_per_row": per_row["dynamic_bytes_per_row"] / per_row["fixed_bytes_per_row"]},
     }
     print(f"sparse bench: {N} x {D} table, batch {B}, {ctx.num_ps} PS, {ctx.num_workers} worker(s), per worker")
     for k, v in report["per_worker_mrows_per_s"].items():
@@ -186,6 +198,8 @@ def main():
     m = report["memory"]
     print(f"  PS memory: table {m['ps_table_bytes'] / 1e6:.1f} MB, RSS growth {m['ps_rss_growth_bytes'] / 1e6:.1f} MB "
           f"({100 * m['ps_overhead_fraction']:+.2f}%), worker window {m['worker_window_bytes']} bytes")
+    print(f"  bytes per row (rows, optimizer state, index): dynamic {m['dynamic_bytes_per_row']:.0f}, "
+          f"fixed {m['fixed_bytes_per_row']:.0f} ({m['dynamic_vs_fixed_bytes_per_row']:.2f}x)")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2))
     print(f"  wrote {args.out}")
