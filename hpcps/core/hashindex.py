@@ -47,23 +47,35 @@ def bucket_count(capacity: int) -> int:
     return max(8, 1 << (2 * int(capacity) - 1).bit_length())
 
 
+_WIDE = np.arange(8)
+
+
 def probe(buckets: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(rows, buckets)`` of distinct-or-not int64 ``ids`` in the ``(n, 2)`` bucket array
-    ``buckets`` (-1 where absent): what :meth:`HashIndex.find` does, on any copy or mapping of
-    an index's buckets (a worker reads a PS's from shared memory). Local."""
+    """``(rows, buckets)`` of int64 ``ids`` (repeats allowed) in the ``(n, 2)`` bucket array
+    ``buckets`` (-1 where absent): what :meth:`HashIndex.find` does, on any copy or mapping of an
+    index's buckets (a worker reads a PS's from shared memory). Every id's first bucket in one
+    pass; the few ids whose chain goes on, 8 buckets a pass (1.5x faster than a bucket a pass for
+    4096 ids of a 1M-id index, where the longest chains are ~8 buckets). Local."""
     mask = buckets.shape[0] - 1
-    rows = np.full(ids.size, -1, np.int64)
-    where = np.full(ids.size, -1, np.int64)
     pos = bucket_of(ids, mask)
-    todo = np.arange(ids.size)
+    kv = np.take(buckets, pos, axis=0)             # (b[p] gathers 2-D rows ~7x slower)
+    s = kv[:, 1]
+    hit = (s >= 0) & (kv[:, 0] == ids)
+    rows, where = np.where(hit, s, -1), np.where(hit, pos, -1)
+    todo = np.flatnonzero(~hit & (s != EMPTY))     # an empty bucket ends a miss's chain
+    start = 1
     while todo.size:
-        p = pos[todo]
-        kv = np.take(buckets, p, axis=0)           # (b[p] gathers 2-D rows ~7x slower)
-        s = kv[:, 1]
-        hit = (s >= 0) & (kv[:, 0] == ids[todo])
-        rows[todo[hit]], where[todo[hit]] = s[hit], p[hit]
-        todo = todo[~hit & (s != EMPTY)]           # an empty bucket ends a miss's chain
-        pos[todo] = (pos[todo] + 1) & mask
+        m, r = todo.size, np.arange(todo.size)
+        at = (pos[todo, None] + start + _WIDE) & mask
+        kv = np.take(buckets, at.reshape(-1), axis=0).reshape(m, _WIDE.size, 2)
+        s = kv[..., 1]
+        hit = (s >= 0) & (kv[..., 0] == ids[todo, None])
+        stop = hit | (s == EMPTY)
+        first = stop.argmax(axis=1)                 # each chain's end among these buckets, if any
+        got = hit[r, first]
+        rows[todo[got]], where[todo[got]] = s[r, first][got], at[r, first][got]
+        todo = todo[~stop[r, first]]
+        start += _WIDE.size
     return rows, where
 
 

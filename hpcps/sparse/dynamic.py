@@ -131,37 +131,42 @@ class DynamicEmbeddingTable(DynamicCheckpointable):
 
     def pull_async(self, ids, insert: bool = True) -> _Handle:
         """Rows of ``ids`` (any int64 values, repeats allowed): ``wait()`` gives float32 ``(n, dim)``.
-        A new id's row is its initial row (``hpcps.initial_rows``); it is stored once admitted.
-        ``insert=False`` (evaluation) stores nothing and counts no sighting: a read. Local (one
-        message to and from each owning PS)."""
+        A new id's row is its initial row (``hpcps.initial_rows``); a pull stores nothing (a push
+        of an admitted id does). ``insert=False`` (evaluation) counts no use or sighting either.
+        A PS on this host is read from its window (:mod:`hpcps.sparse.dynamic_shm`); any other
+        gets one message each way. Local."""
         self._worker("pull")
         t0 = time.perf_counter()
         ids = _ids(self.name, ids)
         step = self.ctx.control.step
         kind = PULL if insert else PEEK
-        distinct = ids.size < 2 or bool((ids[1:] > ids[:-1]).all())     # sorted and distinct: no unique
-        split = [(p, at, ids[at], None) if distinct else (p, at, *np.unique(ids[at], return_inverse=True))
-                 for p, at in enumerate(self._split(ids))]
-        for p, at, uniq, _ in split:
-            if insert and uniq.size > self.caps[p]:     # before any message: the PS could not hold them
-                raise ValueError(f"table {self.name!r}: {uniq.size} distinct ids of PS {p} in one pull, more "
-                                 f"than its {self.caps[p]} rows (capacity {self.capacity} over {len(self.caps)} "
-                                 f"PS ranks): raise capacity")
+        one = self.ctx.num_ps == 1
+        owned = [None] if one else self._split(ids)            # None: all of them
+        for p, at in enumerate(owned):                        # before any message
+            n = ids.size if at is None else at.size
+            if insert and n > self.caps[p] and np.unique(ids if at is None else ids[at]).size > self.caps[p]:
+                raise ValueError(f"table {self.name!r}: {np.unique(ids if at is None else ids[at]).size} distinct ids "
+                                 f"of PS {p} in one pull, more than its {self.caps[p]} rows (capacity {self.capacity} "
+                                 f"over {len(self.caps)} PS ranks): raise capacity")
         parts = []
-        for p, at, uniq, inv in split:
-            if at.size == 0:
+        for p, at in enumerate(owned):
+            sub = ids if at is None else ids[at]
+            if sub.size == 0:
                 continue
-            got = self.memory.read(p, uniq) if self.memory.views[p] is not None else None
+            got = self.memory.read(p, sub) if self.memory.views[p] is not None else None
             if got is not None:                     # on this host: read from its window, no PS
                 buf, found = got
                 miss = found < 0
                 if miss.any():
-                    buf[miss] = initial_rows(self.seed, self.name, uniq[miss], self.dim, self.scale, kind=self.init)
+                    buf[miss] = initial_rows(self.seed, self.name, sub[miss], self.dim, self.scale, kind=self.init)
                 if insert:                          # the PS counts the uses (before its next apply)
-                    msg = _pack(OBSERVE, step, uniq)
+                    msg = _pack(OBSERVE, step, sub)
                     self._sends.append((self.comm.Isend(msg, dest=self.ctx.ps_world_ranks[p], tag=OBSERVE), msg))
-                parts.append((None, buf, at, inv))
+                parts.append((None, buf, at, None))
+                self.traffic.rows_per_ps[p] += sub.size
+                self.traffic.bytes_per_ps[p] += buf.nbytes
                 continue
+            uniq, inv = np.unique(sub, return_inverse=True)
             buf = np.empty((uniq.size, self.dim), np.float32)
             dst = self.ctx.ps_world_ranks[p]
             recv = self.comm.Irecv(buf, source=dst, tag=_REPLY + kind)
@@ -181,14 +186,16 @@ class DynamicEmbeddingTable(DynamicCheckpointable):
             for recv, buf, at, inv in parts:
                 if recv is not None:
                     recv.Wait()
-                if at.size == ids.size:                 # one PS holds them all: no scatter
+                if at is None or at.size == ids.size:    # one PS holds them all: no scatter
                     out = buf if inv is None else np.take(buf, inv, axis=0)
                     continue
                 if out is None:
                     out = np.empty((ids.size, self.dim), np.float32)
                 # (buf[inv] gathers 2-D rows several times slower than np.take)
                 out[at] = buf if inv is None else np.take(buf, inv, axis=0)
-            self._flush()
+            # requests answered are sent; an OBSERVE may wait for the PS to take it (a push or
+            # free completes it): the pull does not wait for that
+            self._sends = [s for s in self._sends if not s[0].Test()]
             self.traffic.pull_seconds += time.perf_counter() - t1
             return out if out is not None else np.empty((0, self.dim), np.float32)
         return _Handle(finish)
@@ -275,14 +282,14 @@ class DynamicEmbeddingTable(DynamicCheckpointable):
             # the worker sent them sorted and distinct; a peek stores nothing
             rows = self.shard.index.find(ids)
             if kind == PULL:
-                self._observe(ids, step)
+                self._observe(ids, step, distinct=True)
             if self._out.shape[0] < n:              # one reply buffer, grown as needed: fresh pages cost
                 self._out = np.empty((n, self.dim), np.float32)
             reply = self.shard.pull(rows, ids, out=self._out[:n])
             self.comm.Send(reply, dest=src, tag=_REPLY + kind)   # the worker posted its receive first
             return
-        elif kind == OBSERVE:
-            self._observe(ids.copy(), step)
+        elif kind == OBSERVE:                           # a same-host read's ids, repeats and all
+            self._observe(ids, step, distinct=False)
             return
         elif kind in (END, FIN):
             w = self._worker_of[src]
@@ -312,19 +319,19 @@ class DynamicEmbeddingTable(DynamicCheckpointable):
             self.comm.Probe(MPI.ANY_SOURCE, MPI.ANY_TAG, status)
             self._handle(status)
         got = self._staged.pop(step)
-        for ids in self._observed.pop(step, []):     # the step's uses, after a checkpoint cut at it
-            self.shard.observe(ids, step, distinct=True)
+        for ids, distinct in self._observed.pop(step, []):     # the step's uses, after a checkpoint cut at it
+            self.shard.observe(ids, step, distinct=distinct)
         uniq, summed = sum_rows(np.concatenate([got[w][0] for w in range(W)]),   # in worker order:
                                 np.concatenate([got[w][1] for w in range(W)]))   # the same bits every run
         self.shard.push(self.shard.place(uniq, step), summed, step)
 
-    def _observe(self, ids: np.ndarray, step: int) -> None:
+    def _observe(self, ids: np.ndarray, step: int, distinct: bool) -> None:
         """PS: count a pull's uses and sightings; in sync mode at the step's apply (a checkpoint cut
         at ``step``, just before that apply, must see none of them, whenever they came). Local."""
         if self.ctx.control.kind == "sync":
-            self._observed.setdefault(step, []).append(ids)
+            self._observed.setdefault(step, []).append((ids, distinct))
         else:
-            self.shard.observe(ids, step, distinct=True)
+            self.shard.observe(ids, step, distinct=distinct)
 
     def _drain_to(self, step: int) -> None:
         """PS, async/ssp, at a checkpoint cut of ``step``: apply every push of steps ``< step``
