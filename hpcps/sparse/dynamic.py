@@ -38,6 +38,7 @@ _REPLY = 4                       # a reply's tag: _REPLY + the request's kind
 END, FIN = 8, 9                  # async/ssp: a worker ended a step; a worker is done (finalize)
 PEEK = 10                        # a pull that stores nothing (evaluation): reply tag _REPLY + PEEK
 OBSERVE = 11                     # a same-host worker read rows itself: the PS counts the uses (no reply)
+OBSERVE_DISTINCT = 12            # the same, of sorted distinct ids
 STATS_KEYS = ("size", "capacity", "inserts", "evictions", "rejected")
 
 
@@ -142,6 +143,7 @@ class DynamicEmbeddingTable(DynamicCheckpointable):
         kind = PULL if insert else PEEK
         one = self.ctx.num_ps == 1
         owned = [None] if one else self._split(ids)            # None: all of them
+        distinct = ids.size < 2 or bool((ids[1:] > ids[:-1]).all())     # sorted and distinct (so is each part)
         for p, at in enumerate(owned):                        # before any message
             n = ids.size if at is None else at.size
             if insert and n > self.caps[p] and np.unique(ids if at is None else ids[at]).size > self.caps[p]:
@@ -160,8 +162,9 @@ class DynamicEmbeddingTable(DynamicCheckpointable):
                 if miss.any():
                     buf[miss] = initial_rows(self.seed, self.name, sub[miss], self.dim, self.scale, kind=self.init)
                 if insert:                          # the PS counts the uses (before its next apply)
-                    msg = _pack(OBSERVE, step, sub)
-                    self._sends.append((self.comm.Isend(msg, dest=self.ctx.ps_world_ranks[p], tag=OBSERVE), msg))
+                    what = OBSERVE_DISTINCT if distinct else OBSERVE
+                    msg = _pack(what, step, sub)
+                    self._sends.append((self.comm.Isend(msg, dest=self.ctx.ps_world_ranks[p], tag=what), msg))
                 parts.append((None, buf, at, None))
                 self.traffic.rows_per_ps[p] += sub.size
                 self.traffic.bytes_per_ps[p] += buf.nbytes
@@ -288,8 +291,8 @@ class DynamicEmbeddingTable(DynamicCheckpointable):
             reply = self.shard.pull(rows, ids, out=self._out[:n])
             self.comm.Send(reply, dest=src, tag=_REPLY + kind)   # the worker posted its receive first
             return
-        elif kind == OBSERVE:                           # a same-host read's ids, repeats and all
-            self._observe(ids, step, distinct=False)
+        elif kind in (OBSERVE, OBSERVE_DISTINCT):       # a same-host read's ids
+            self._observe(ids, step, distinct=kind == OBSERVE_DISTINCT)
             return
         elif kind in (END, FIN):
             w = self._worker_of[src]
@@ -319,8 +322,11 @@ class DynamicEmbeddingTable(DynamicCheckpointable):
             self.comm.Probe(MPI.ANY_SOURCE, MPI.ANY_TAG, status)
             self._handle(status)
         got = self._staged.pop(step)
-        for ids, distinct in self._observed.pop(step, []):     # the step's uses, after a checkpoint cut at it
-            self.shard.observe(ids, step, distinct=distinct)
+        seen = self._observed.pop(step, [])          # the step's uses, after a checkpoint cut at it
+        if len(seen) == 1:
+            self.shard.observe(seen[0][0], step, distinct=seen[0][1])
+        elif seen:                                   # one probe for every worker's (uses add up alike)
+            self.shard.observe(np.concatenate([ids for ids, _ in seen]), step)
         uniq, summed = sum_rows(np.concatenate([got[w][0] for w in range(W)]),   # in worker order:
                                 np.concatenate([got[w][1] for w in range(W)]))   # the same bits every run
         self.shard.push(self.shard.place(uniq, step), summed, step)
