@@ -217,11 +217,18 @@ class DynamicEmbeddingTable(DynamicCheckpointable):
         grads = as_grads(self.name, grads, ids.size, self.dim)
         step = self.ctx.control.step
         distinct = ids.size < 2 or bool((ids[1:] > ids[:-1]).all())     # sorted and distinct: no sum
-        for p, at in enumerate(self._split(ids)):
-            if at.size == 0 and self.ctx.control.kind != "sync":
-                continue
+        parts = []
+        for p, at in enumerate(self._split(ids)):     # every check before any message
             uniq, summed = (ids[at], np.take(grads, at, axis=0)) if distinct else \
                 sum_rows(ids[at], np.take(grads, at, axis=0))
+            if uniq.size > self.caps[p]:
+                raise ValueError(f"table {self.name!r}: {uniq.size} distinct ids of PS {p} in one push, more than "
+                                 f"its {self.caps[p]} rows (capacity {self.capacity} over {len(self.caps)} PS "
+                                 f"ranks): raise capacity")
+            parts.append((p, at, uniq, summed))
+        for p, at, uniq, summed in parts:
+            if at.size == 0 and self.ctx.control.kind != "sync":
+                continue
             msg = _pack(PUSH, step, uniq, summed)
             dst = self.ctx.ps_world_ranks[p]
             self._sends.append((self.comm.Isend(msg, dest=dst, tag=PUSH), msg))

@@ -45,6 +45,11 @@ elif ctx.worker_rank == 0:
         raise AssertionError("a pull of more distinct ids than the capacity must be refused")
     except ValueError as e:
         assert "5 distinct ids of PS 0 in one pull, more than its 4 rows" in str(e), e
+    try:
+        t.push(np.arange(5, dtype=np.int64), np.zeros((5, D), np.float32))
+        raise AssertionError("a push of more distinct ids than the capacity must be refused")
+    except ValueError as e:
+        assert "5 distinct ids of PS 0 in one push, more than its 4 rows" in str(e), e
     assert t.stats() == s                                          # nothing changed
     print("OK dynamic misc", flush=True)
 ctx.finalize()
