@@ -57,3 +57,9 @@ def test_a_dlrm_on_a_dynamic_table_restarts_bit_equal_from_the_node_local_level_
     assert wide["start_step"] == 30 and wide["num_ps"] == 2
     assert wide["dynamic_table"] == {**st, "capacity": 800}
     assert wide["auc"] == straight["auc"]
+    # a fixed-table job on those checkpoints: a clear error, the checkpoints untouched
+    before = sorted((p.name, sorted(f.name for f in p.iterdir())) for p in one.glob("step-*"))
+    r = run_mpi(4, ["-m", "hpcps", "train", "--config", TINY, "--set", *DYN, "model.dynamic_tables=false",
+                    f"checkpoint.dir={one}"], timeout=240, check=False)
+    assert r.returncode != 0 and "is a dynamic table there, a fixed table in the job" in r.stderr, r.stderr[-2000:]
+    assert sorted((p.name, sorted(f.name for f in p.iterdir())) for p in one.glob("step-*")) == before

@@ -18,7 +18,8 @@ def check_spec(path, spec: dict | None, t) -> None:
     if spec is None:
         raise ValueError(f"checkpoint {path} has no table {t.name!r}")
     if not spec.get("dynamic"):
-        raise ValueError(f"checkpoint {path}: table {t.name!r} is a fixed table there, a dynamic table in the job")
+        raise ValueError(f"checkpoint {path}: table {t.name!r} is a fixed table there, a dynamic table in the job "
+                         f"(model.dynamic_tables)")
     if spec["dim"] != t.dim:
         raise ValueError(f"checkpoint {path}: table {t.name!r} has dim {spec['dim']}, the job has {t.dim}")
 

@@ -19,6 +19,9 @@ def _sources(path, specs: dict, t) -> list:
     same table, or its logical tables found apart or inside a table-batched one (so a checkpoint
     restores with ``model.fuse_tables`` either way)."""
     spec = specs.get(t.name)
+    if spec is not None and spec.get("dynamic"):
+        raise ValueError(f"checkpoint {path}: table {t.name!r} is a dynamic table there, a fixed table in the job "
+                         f"(model.dynamic_tables)")
     if spec is not None:
         job = {"num_rows": t.num_rows, "dim": t.dim, "segments": [list(x) for x in (t.segments or ())]}
         theirs = {"num_rows": spec.get("num_rows"), "dim": spec.get("dim"),
