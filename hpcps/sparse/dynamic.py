@@ -98,6 +98,7 @@ class DynamicEmbeddingTable(DynamicCheckpointable):
         self.seed, self.init, self.scale = int(seed), init, scale
         self.traffic = TableStats(rows_per_ps=[0] * P, bytes_per_ps=[0] * P)   # this rank's pulls and pushes
         self._sends = []                                      # outstanding Isends (requests, buffers)
+        self._seen = [[] for _ in range(P)]                   # worker: same-host reads' ids, not sent yet
         self.memory = ShardMemory(ctx, name, self.dim, self.caps)     # collective; same-host reads
         if ctx.is_ps:
             self.shard = DynamicShard(name, self.dim, self.caps[ctx.ps_rank], self.optimizer, seed, int(admit_min_count), evict,
@@ -161,10 +162,8 @@ class DynamicEmbeddingTable(DynamicCheckpointable):
                 miss = found < 0
                 if miss.any():
                     buf[miss] = initial_rows(self.seed, self.name, sub[miss], self.dim, self.scale, kind=self.init)
-                if insert:                          # the PS counts the uses (before its next apply)
-                    what = OBSERVE_DISTINCT if distinct else OBSERVE
-                    msg = _pack(what, step, sub)
-                    self._sends.append((self.comm.Isend(msg, dest=self.ctx.ps_world_ranks[p], tag=what), msg))
+                if insert:                          # the PS counts the uses: sent before the next push
+                    self._seen[p].append((step, distinct, sub))
                 parts.append((None, buf, at, None))
                 self.traffic.rows_per_ps[p] += sub.size
                 self.traffic.bytes_per_ps[p] += buf.nbytes
@@ -227,6 +226,7 @@ class DynamicEmbeddingTable(DynamicCheckpointable):
                                  f"ranks): raise capacity")
             parts.append((p, at, uniq, summed))
         for p, at, uniq, summed in parts:
+            self._send_seen(p)
             if at.size == 0 and self.ctx.control.kind != "sync":
                 continue
             msg = _pack(PUSH, step, uniq, summed)
@@ -249,10 +249,21 @@ class DynamicEmbeddingTable(DynamicCheckpointable):
         """``push_async(ids, grads).wait()``. Local."""
         self.push_async(ids, grads).wait()
 
+    def _send_seen(self, p: int) -> None:
+        """Worker: send PS ``p`` the ids this worker read from its window since the last send
+        (OBSERVE, no reply), a message per step read: before a push, an END, ``stats`` or FIN,
+        so the PS counts them in order (in sync mode at that step's apply). Local."""
+        for step, distinct, ids in self._seen[p]:
+            what = OBSERVE_DISTINCT if distinct else OBSERVE
+            msg = _pack(what, step, ids)
+            self._sends.append((self.comm.Isend(msg, dest=self.ctx.ps_world_ranks[p], tag=what), msg))
+        self._seen[p] = []
+
     def _end_step(self, step: int) -> None:
         """Worker, async/ssp, at ``step_end(step)``: tell every PS (after this step's pushes, on the
         same ordered channel), so a checkpoint cut and ``finalize`` wait for exactly those. Local."""
-        for dst in self.ctx.ps_world_ranks:
+        for p, dst in enumerate(self.ctx.ps_world_ranks):
+            self._send_seen(p)
             msg = _pack(END, step, np.zeros(0, np.int64))
             self._sends.append((self.comm.Isend(msg, dest=dst, tag=END), msg))
         self._sends = [s for s in self._sends if not s[0].Test()]
@@ -262,7 +273,8 @@ class DynamicEmbeddingTable(DynamicCheckpointable):
         Any worker on its own: not collective. Local (a message to and from each PS)."""
         self._worker("stats")
         total = np.zeros(len(STATS_KEYS), np.int64)
-        for dst in self.ctx.ps_world_ranks:
+        for p, dst in enumerate(self.ctx.ps_world_ranks):
+            self._send_seen(p)
             got = np.zeros(len(STATS_KEYS), np.int64)
             recv = self.comm.Irecv(got, source=dst, tag=_REPLY + STATS)
             self.comm.Send(_pack(STATS, 0, np.zeros(0, np.int64)), dest=dst, tag=STATS)
@@ -387,7 +399,8 @@ class DynamicEmbeddingTable(DynamicCheckpointable):
                 self._apply_step(step)
         elif self.ctx.is_worker:
             fin = _pack(FIN, self.ctx.control.step, np.zeros(0, np.int64))
-            for dst in self.ctx.ps_world_ranks:
+            for p, dst in enumerate(self.ctx.ps_world_ranks):
+                self._send_seen(p)
                 self._sends.append((self.comm.Isend(fin, dest=dst, tag=FIN), fin))
         MPI.Request.Waitall([r for r, _ in self._sends])
         self._sends = []
