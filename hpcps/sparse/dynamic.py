@@ -53,6 +53,11 @@ def _ids(name: str, ids) -> np.ndarray:
     return arr.astype(np.int64, copy=False)
 
 
+def _sorted_distinct(ids: np.ndarray) -> bool:
+    """Whether ``ids`` are sorted and distinct (a pass, no sort). Local."""
+    return ids.size < 2 or bool((ids[1:] > ids[:-1]).all())
+
+
 def _pack(kind: int, step: int, ids: np.ndarray, grads: np.ndarray | None = None) -> np.ndarray:
     parts = [np.array([kind, step, ids.size], np.int64).view(np.uint8), ids.view(np.uint8)]
     if grads is not None:
@@ -131,6 +136,10 @@ class DynamicEmbeddingTable(DynamicCheckpointable):
         MPI.Request.Waitall([r for r, _ in self._sends])
         self._sends = []
 
+    def _prune(self) -> None:
+        """Drop the sends that completed (their buffers with them). Local."""
+        self._sends = [s for s in self._sends if not s[0].Test()]
+
     def pull_async(self, ids, insert: bool = True) -> _Handle:
         """Rows of ``ids`` (any int64 values, repeats allowed): ``wait()`` gives float32 ``(n, dim)``.
         A new id's row is its initial row (``hpcps.initial_rows``); a pull stores nothing (a push
@@ -144,11 +153,13 @@ class DynamicEmbeddingTable(DynamicCheckpointable):
         kind = PULL if insert else PEEK
         one = self.ctx.num_ps == 1
         owned = [None] if one else self._split(ids)            # None: all of them
-        distinct = ids.size < 2 or bool((ids[1:] > ids[:-1]).all())     # sorted and distinct (so is each part)
+        distinct = _sorted_distinct(ids)              # (so is each owner's part)
         for p, at in enumerate(owned):                        # before any message
             n = ids.size if at is None else at.size
-            if insert and n > self.caps[p] and np.unique(ids if at is None else ids[at]).size > self.caps[p]:
-                raise ValueError(f"table {self.name!r}: {np.unique(ids if at is None else ids[at]).size} distinct ids "
+            if insert and n > self.caps[p]:                   # (fewer ids cannot be too many distinct ones)
+                n = np.unique(ids if at is None else ids[at]).size
+            if insert and n > self.caps[p]:
+                raise ValueError(f"table {self.name!r}: {n} distinct ids "
                                  f"of PS {p} in one pull, more than its {self.caps[p]} rows (capacity {self.capacity} "
                                  f"over {len(self.caps)} PS ranks): raise capacity")
         parts = []
@@ -197,7 +208,7 @@ class DynamicEmbeddingTable(DynamicCheckpointable):
                 out[at] = buf if inv is None else np.take(buf, inv, axis=0)
             # requests answered are sent; an OBSERVE may wait for the PS to take it (a push or
             # free completes it): the pull does not wait for that
-            self._sends = [s for s in self._sends if not s[0].Test()]
+            self._prune()
             self.traffic.pull_seconds += time.perf_counter() - t1
             return out if out is not None else np.empty((0, self.dim), np.float32)
         return _Handle(finish)
@@ -215,7 +226,7 @@ class DynamicEmbeddingTable(DynamicCheckpointable):
         ids = _ids(self.name, ids)
         grads = as_grads(self.name, grads, ids.size, self.dim)
         step = self.ctx.control.step
-        distinct = ids.size < 2 or bool((ids[1:] > ids[:-1]).all())     # sorted and distinct: no sum
+        distinct = _sorted_distinct(ids)              # no sum needed
         parts = []
         for p, at in enumerate(self._split(ids)):     # every check before any message
             uniq, summed = (ids[at], np.take(grads, at, axis=0)) if distinct else \
@@ -266,7 +277,7 @@ class DynamicEmbeddingTable(DynamicCheckpointable):
             self._send_seen(p)
             msg = _pack(END, step, np.zeros(0, np.int64))
             self._sends.append((self.comm.Isend(msg, dest=dst, tag=END), msg))
-        self._sends = [s for s in self._sends if not s[0].Test()]
+        self._prune()
 
     def stats(self) -> dict:
         """``size``, ``capacity``, ``inserts``, ``evictions``, ``rejected``, summed over the PS ranks.
@@ -291,7 +302,7 @@ class DynamicEmbeddingTable(DynamicCheckpointable):
         while self.comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status):
             self._handle(status)
             worked = True
-        self._sends = [s for s in self._sends if not s[0].Test()]     # replies still in flight
+        self._prune()                                   # replies still in flight
         return worked
 
     def _handle(self, status: MPI.Status) -> None:
@@ -336,10 +347,7 @@ class DynamicEmbeddingTable(DynamicCheckpointable):
         apply their sum in worker order. Local (receives from the workers)."""
         step = self.ctx.control.step if step is None else step
         W = self.ctx.num_workers
-        status = MPI.Status()
-        while len(self._staged.get(step, {})) < W:
-            self.comm.Probe(MPI.ANY_SOURCE, MPI.ANY_TAG, status)
-            self._handle(status)
+        self._take_until(lambda: len(self._staged.get(step, {})) >= W)
         got = self._staged.pop(step)
         seen = self._observed.pop(step, [])          # the step's uses, after a checkpoint cut at it
         if len(seen) == 1:
@@ -349,6 +357,13 @@ class DynamicEmbeddingTable(DynamicCheckpointable):
         uniq, summed = sum_rows(np.concatenate([got[w][0] for w in range(W)]),   # in worker order:
                                 np.concatenate([got[w][1] for w in range(W)]))   # the same bits every run
         self.shard.push(self.shard.place(uniq, step), summed, step)
+
+    def _take_until(self, done) -> None:
+        """PS: receive and handle the workers' messages, blocking, until ``done()``. Local."""
+        status = MPI.Status()
+        while not done():
+            self.comm.Probe(MPI.ANY_SOURCE, MPI.ANY_TAG, status)
+            self._handle(status)
 
     def _observe(self, ids: np.ndarray, step: int, distinct: bool) -> None:
         """PS: count a pull's uses and sightings; in sync mode at the step's apply (a checkpoint cut
@@ -361,10 +376,8 @@ class DynamicEmbeddingTable(DynamicCheckpointable):
     def _drain_to(self, step: int) -> None:
         """PS, async/ssp, at a checkpoint cut of ``step``: apply every push of steps ``< step``
         (receive until each worker's END of ``step - 1`` is in). Local (receives)."""
-        status = MPI.Status()
-        while self.ctx.control.kind != "sync" and self._ended.min() < step - 1:
-            self.comm.Probe(MPI.ANY_SOURCE, MPI.ANY_TAG, status)
-            self._handle(status)
+        if self.ctx.control.kind != "sync":
+            self._take_until(lambda: self._ended.min() >= step - 1)
 
     @property
     def shared_memory_ps(self) -> list[int]:
@@ -378,10 +391,8 @@ class DynamicEmbeddingTable(DynamicCheckpointable):
     def _drain_ends(self, done: int) -> None:
         """PS, async/ssp, before publishing ``done`` step ends (the control's count): take the END
         each of them sent first, so every push before it is applied (a fence holds them). Local."""
-        status = MPI.Status()
-        while self.ctx.control.kind != "sync" and self._ends < done - self.ctx.control.first_done:
-            self.comm.Probe(MPI.ANY_SOURCE, MPI.ANY_TAG, status)
-            self._handle(status)
+        if self.ctx.control.kind != "sync":
+            self._take_until(lambda: self._ends >= done - self.ctx.control.first_done)
 
     def free(self) -> None:
         """Collective over the world (the context frees it at ``finalize``); safe twice. A PS first
@@ -390,10 +401,7 @@ class DynamicEmbeddingTable(DynamicCheckpointable):
         if self.comm == MPI.COMM_NULL:
             return
         if self.shard is not None:
-            status = MPI.Status()
-            while self._fins < self.ctx.num_workers:
-                self.comm.Probe(MPI.ANY_SOURCE, MPI.ANY_TAG, status)
-                self._handle(status)
+            self._take_until(lambda: self._fins >= self.ctx.num_workers)
             W = self.ctx.num_workers
             for step in sorted(s for s, got in self._staged.items() if len(got) == W):   # sync: the last step
                 self._apply_step(step)
@@ -402,7 +410,6 @@ class DynamicEmbeddingTable(DynamicCheckpointable):
             for p, dst in enumerate(self.ctx.ps_world_ranks):
                 self._send_seen(p)
                 self._sends.append((self.comm.Isend(fin, dest=dst, tag=FIN), fin))
-        MPI.Request.Waitall([r for r, _ in self._sends])
-        self._sends = []
+        self._flush()
         self.comm.Free()
         self.memory.free()
