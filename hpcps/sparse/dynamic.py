@@ -354,8 +354,11 @@ class DynamicEmbeddingTable(DynamicCheckpointable):
             self.shard.observe(seen[0][0], step, distinct=seen[0][1])
         elif seen:                                   # one probe for every worker's (uses add up alike)
             self.shard.observe(np.concatenate([ids for ids, _ in seen]), step)
-        uniq, summed = sum_rows(np.concatenate([got[w][0] for w in range(W)]),   # in worker order:
-                                np.concatenate([got[w][1] for w in range(W)]))   # the same bits every run
+        if W == 1:                                   # a worker sends its ids sorted and distinct
+            uniq, summed = got[0]
+        else:
+            uniq, summed = sum_rows(np.concatenate([got[w][0] for w in range(W)]),   # in worker order:
+                                    np.concatenate([got[w][1] for w in range(W)]))   # the same bits every run
         self.shard.push(self.shard.place(uniq, step), summed, step)
 
     def _take_until(self, done) -> None:
