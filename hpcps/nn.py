@@ -309,6 +309,15 @@ class IdPlan:
         return arrays["plan_uniq"][:count], arrays["plan_index"], arrays["plan_cut"].tolist()
 
 
+def same_arrays(arrays: list, inputs) -> bool:
+    """Whether ``inputs`` are CPU int64 tensors over the very memory of the int64 ``arrays`` (what a
+    ``prepare`` saw), of the same shapes. Local."""
+    return len(arrays) == len(inputs) and all(
+        isinstance(x, torch.Tensor) and x.device.type == "cpu" and x.data_ptr() == a.ctypes.data
+        and tuple(x.shape) == a.shape and x.dtype == torch.int64 and a.dtype == np.int64
+        for a, x in zip(arrays, inputs))
+
+
 class ShardedEmbeddingCollection(torch.nn.Module):
     """Several embedding tables of one dim looked up together, one id per sample and table (DLRM's
     categorical features). Worker ranks; local.
@@ -385,12 +394,8 @@ class ShardedEmbeddingCollection(torch.nn.Module):
 
     def _take_prepared(self, inputs):
         p, self._prepared = self._prepared, None
-        if p is None or len(p[0]) != len(inputs) or not self._together():
+        if p is None or not self._together() or not same_arrays(p[0], inputs):
             return None
-        for a, x in zip(p[0], inputs):
-            if not (isinstance(x, torch.Tensor) and x.device.type == "cpu" and x.data_ptr() == a.ctypes.data
-                    and tuple(x.shape) == a.shape and x.dtype == torch.int64 and a.dtype == np.int64):
-                return None
         return p[1]
 
     def prefetch(self, inputs, step: int, refresh_above: int | None = None) -> None:

@@ -39,6 +39,8 @@ def test_a_dlrm_on_a_dynamic_table_restarts_bit_equal_from_the_node_local_level_
     st = straight["dynamic_table"]
     assert st["size"] == 400 and st["evictions"] > 0 and st["rejected"] > 0, st
     assert straight["auc"] > 0.55 and straight["sharding"] == "hash"
+    lay = straight["layout"]        # one host: every worker reads the PS's window, pushes are messages
+    assert lay["remote"] == "messages" and all(w["shm_ps"] == [0] for w in lay["workers"]), lay
     # node-local checkpoints every 4 steps (deltas on a full one); the filesystem's only at the end
     sets = [f"checkpoint.dir={two}", f"checkpoint.local_dir={tmp_path / 'local'}", "checkpoint.local_every=4"]
     _, first = _train(4, sets)

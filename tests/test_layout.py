@@ -85,3 +85,12 @@ def test_the_layout_line_names_hosts_ps_and_how_each_worker_reads():
                         "dense": "mpi", "workers": [{"shm_ps": [0], "rma_ps": [1]}, {"shm_ps": [0], "rma_ps": [1]}]})
     assert line == ("2 hosts (a: 3 ranks, 1 PS; b: 1 rank, 1 PS); workers 0,1: PS 0 by shared memory, "
                     "PS 1 over RMA; dense all-reduce: mpi")
+
+
+def test_the_layout_line_says_a_dynamic_table_reaches_other_hosts_by_messages():
+    from hpcps.train.layout import layout_line
+    line = layout_line({"hosts": 2, "host_names": ["a", "b"], "ranks_per_host": [2, 2], "ps_per_host": [1, 1],
+                        "dense": "mpi", "remote": "messages",
+                        "workers": [{"shm_ps": [0], "rma_ps": [1]}, {"shm_ps": [1], "rma_ps": [0]}]})
+    assert line == ("2 hosts (a: 2 ranks, 1 PS; b: 2 ranks, 1 PS); worker 0: PS 0 by shared memory, "
+                    "PS 1 by messages; worker 1: PS 1 by shared memory, PS 0 by messages; dense all-reduce: mpi")

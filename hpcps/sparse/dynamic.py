@@ -382,10 +382,13 @@ class DynamicEmbeddingTable(DynamicCheckpointable):
         if self.ctx.control.kind != "sync":
             self._take_until(lambda: self._ended.min() >= step - 1)
 
+    remote = "messages"                 # how a worker reaches the other PS ranks (the layout line)
+
     @property
     def shared_memory_ps(self) -> list[int]:
-        """PS indices this worker reads straight from shared memory: none (every pull is a message). Local."""
-        return []
+        """PS indices whose rows this worker reads straight from shared memory (its pushes to them
+        are messages still). Local."""
+        return [p for p, v in enumerate(self.memory.views) if v is not None]
 
     def held_bytes(self) -> int:
         """PS: bytes of its shard (rows, optimizer state, index, per-row counters); 0 elsewhere. Local."""

@@ -218,6 +218,8 @@ class EmbeddingTable(Checkpointable):
         if not self.ctx.is_worker:
             raise RoleError(f"table {self.name!r}: {what}() is for worker ranks, not PS ranks")
 
+    remote = "RMA"                      # how a worker reaches the other PS ranks (the layout line)
+
     @property
     def shared_memory_ps(self) -> list[int]:
         """PS indices this worker reads straight from shared memory. Local."""

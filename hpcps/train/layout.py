@@ -10,7 +10,8 @@ __all__ = ["gather_layout", "layout_line", "backend_name"]
 def gather_layout(ctx, tables) -> dict | None:
     """The job's layout, on the first worker (None on the other ranks). Collective over ``ctx.world``,
     after the tables are made (a worker's shared-memory PS are those of its first table)."""
-    shm = tables[0].shared_memory_ps if (ctx.is_worker and tables) else []
+    shm = tables[0].shared_memory_ps if (ctx.is_worker and tables) else []     # (``rma_ps``: the rest,
+    # reached over RMA, or by messages for a dynamic table: ``remote``)
     me = (MPI.Get_processor_name(), ctx.node_of_rank[ctx.rank], ctx.is_ps, shm)
     every = ctx.world.gather(me, root=ctx.worker_world_ranks[0])
     if every is None:
@@ -26,7 +27,7 @@ def gather_layout(ctx, tables) -> dict | None:
         shm_ps = sorted(every[r][3])
         workers.append({"rank": r, "host": host_of[r], "shm_ps": shm_ps,
                         "rma_ps": [p for p in range(ctx.num_ps) if p not in shm_ps]})
-    return {"hosts": len(keys), "host_names": [nodes[k] for k in keys],
+    return {"hosts": len(keys), "host_names": [nodes[k] for k in keys], "remote": tables[0].remote if tables else "RMA",
             "ranks_per_host": [host_of.count(h) for h in range(len(keys))],
             "ps_per_host": [ps_host.count(h) for h in range(len(keys))],
             "ps_hosts": ps_host, "workers": workers, "transport": ctx.transport, "dense": None}
@@ -44,8 +45,9 @@ def layout_line(layout: dict) -> str:
     groups: dict = {}                       # workers that reach the PS the same way, together
     for w, info in enumerate(layout["workers"]):
         groups.setdefault((tuple(info["shm_ps"]), tuple(info["rma_ps"])), []).append(w)
+    over = "by messages" if layout.get("remote") == "messages" else "over RMA"
     reads = "; ".join(f"worker{'s' * (len(ws) > 1)} {_span(ws)}: PS {_span(shm) or '-'} by shared memory, "
-                      f"PS {_span(rma) or '-'} over RMA" for (shm, rma), ws in groups.items())
+                      f"PS {_span(rma) or '-'} {over}" for (shm, rma), ws in groups.items())
     return (f"{layout['hosts']} host{'s' * (layout['hosts'] != 1)} ({hosts}); {reads}; "
             f"dense all-reduce: {layout['dense'] or '-'}")
 

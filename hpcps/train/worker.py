@@ -162,6 +162,8 @@ class Worker:
             # its ids checked and indexed now (by the loader, if on), not in the next forward
             made = self.loader.annex_of(step + 1) if self.loader is not None else None
             self.lookup.prepare(self.next_batch.sparse, IdPlan.unpack(made) if made else None)
+        elif isinstance(self.lookup, DynamicEmbeddingCollection):
+            self.lookup.prepare(self.next_batch.sparse)          # its distinct keys found now
 
     def _dense_step(self, step: int) -> None:
         cfg = self.cfg
