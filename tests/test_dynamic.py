@@ -82,6 +82,20 @@ def test_ids_are_admitted_at_their_nth_sighting_and_pushes_before_it_are_dropped
     assert rows[0] >= 0 and rows[1] == -1 and s.stats()["inserts"] == 1
 
 
+def test_place_with_the_steps_looked_up_rows_equals_place_without_them():
+    a, b = _shard(), _shard()
+    for s in (a, b):
+        s.place(np.array([1, 2, 3], np.int64), step=0)
+    seen = np.array([3, 3, 9, 2], np.int64)                # 9 absent; 1 pushed but not looked at
+    known = a.look(seen, step=1)
+    assert known[0].tolist() == [2, 3, 9] and known[1][2] == -1 and (known[1][:2] >= 0).all()
+    b.observe(seen, step=1)
+    push = np.array([1, 2, 9, 11], np.int64)
+    np.testing.assert_array_equal(a.place(push, 1, known), b.place(push, 1))
+    assert a.snapshot()["ids"].tolist() == b.snapshot()["ids"].tolist() and a.stats() == b.stats()
+    np.testing.assert_array_equal(a.uses, b.uses)
+
+
 @pytest.mark.parametrize("policy,batch,victim", [("lru", [5, 2], 1), ("lfu", [5, 4], 2)])
 def test_a_full_shard_evicts_by_policy_never_a_row_of_the_step_and_drops_the_state(policy, batch, victim):
     s = _shard(opt="adam", capacity=4, evict=policy)

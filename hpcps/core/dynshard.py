@@ -191,6 +191,13 @@ class DynamicShard:
         rows = self._observe(uniq, times, step)
         return rows if inv is None else rows[inv]
 
+    def look(self, ids, step: int, distinct: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`observe`, giving ``(the distinct ids, sorted; their rows)``: what :meth:`place`
+        of the same step may take as ``known``. Local."""
+        ids = np.asarray(ids).reshape(-1)
+        uniq, times = (ids, np.ones(ids.size, np.int64)) if distinct else np.unique(ids, return_counts=True)
+        return uniq, self._observe(np.asarray(uniq, np.int64), times, step)
+
     def _observe(self, uniq: np.ndarray, times: np.ndarray, step: int) -> np.ndarray:
         rows = self.index.find(uniq)
         hit = rows >= 0
@@ -201,17 +208,30 @@ class DynamicShard:
             self.admission.count(uniq[~hit], times[~hit])
         return rows
 
-    def place(self, uniq: np.ndarray, step: int) -> np.ndarray:
+    def _rows_of(self, uniq: np.ndarray, known) -> np.ndarray:
+        """The rows of sorted ``uniq`` (-1: absent), from ``known`` (:meth:`look`'s sorted ids and
+        rows, the index unchanged since) where it has them: a binary search, not a probe."""
+        if known is None or known[0].size == 0:
+            return self.index.find(uniq)
+        ids, got = known
+        at = np.minimum(np.searchsorted(ids, uniq), ids.size - 1)
+        hit = ids[at] == uniq
+        rows = np.where(hit, got[at], -1)
+        if not hit.all():
+            rows[~hit] = self.index.find(uniq[~hit])
+        return rows
+
+    def place(self, uniq: np.ndarray, step: int, known: tuple | None = None) -> np.ndarray:
         """Rows for a push's distinct sorted ``uniq``: present ones as they are; absent ones
         admitted (seen ``admit_min_count`` times) inserted (their initial rows, fresh state),
         evicting rows no id of ``step`` touched when the shard is full; -1 for the others. Raises
         ``ValueError`` when ``step`` needs more rows than the shard has (before changing anything).
-        Local."""
+        ``known``: :meth:`look`'s result of this step, the index unchanged since. Local."""
         uniq = np.asarray(uniq, np.int64).reshape(-1)
         if uniq.size > self.capacity:
             raise ValueError(f"table {self.name!r}: {uniq.size} distinct ids in one step, more than this "
                              f"shard's capacity of {self.capacity} rows (raise capacity)")
-        rows = self.index.find(uniq)
+        rows = self._rows_of(uniq, known)
         new = np.flatnonzero(rows < 0)
         admitted = new[self.admission.admitted(uniq[new])] if new.size else new
         if admitted.size:

@@ -350,16 +350,17 @@ class DynamicEmbeddingTable(DynamicCheckpointable):
         self._take_until(lambda: len(self._staged.get(step, {})) >= W)
         got = self._staged.pop(step)
         seen = self._observed.pop(step, [])          # the step's uses, after a checkpoint cut at it
+        known = None                                 # their rows: the push's found by a binary search
         if len(seen) == 1:
-            self.shard.observe(seen[0][0], step, distinct=seen[0][1])
+            known = self.shard.look(seen[0][0], step, distinct=seen[0][1])
         elif seen:                                   # one probe for every worker's (uses add up alike)
-            self.shard.observe(np.concatenate([ids for ids, _ in seen]), step)
+            known = self.shard.look(np.concatenate([ids for ids, _ in seen]), step)
         if W == 1:                                   # a worker sends its ids sorted and distinct
             uniq, summed = got[0]
         else:
             uniq, summed = sum_rows(np.concatenate([got[w][0] for w in range(W)]),   # in worker order:
                                     np.concatenate([got[w][1] for w in range(W)]))   # the same bits every run
-        self.shard.push(self.shard.place(uniq, step), summed, step)
+        self.shard.push(self.shard.place(uniq, step, known), summed, step)
 
     def _take_until(self, done) -> None:
         """PS: receive and handle the workers' messages, blocking, until ``done()``. Local."""
