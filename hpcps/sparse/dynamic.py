@@ -39,6 +39,7 @@ END, FIN = 8, 9                  # async/ssp: a worker ended a step; a worker is
 PEEK = 10                        # a pull that stores nothing (evaluation): reply tag _REPLY + PEEK
 OBSERVE = 11                     # a same-host worker read rows itself: the PS counts the uses (no reply)
 OBSERVE_DISTINCT = 12            # the same, of sorted distinct ids
+PUSH_SLAB = 13                   # a push put in the worker's slab for this PS (only the header travels)
 STATS_KEYS = ("size", "capacity", "inserts", "evictions", "rejected")
 
 
@@ -237,12 +238,21 @@ class DynamicEmbeddingTable(DynamicCheckpointable):
                                  f"ranks): raise capacity")
             parts.append((p, at, uniq, summed))
         for p, at, uniq, summed in parts:
-            self._send_seen(p)
             if at.size == 0 and self.ctx.control.kind != "sync":
+                self._send_seen(p)
                 continue
-            msg = _pack(PUSH, step, uniq, summed)
             dst = self.ctx.ps_world_ranks[p]
-            self._sends.append((self.comm.Isend(msg, dest=dst, tag=PUSH), msg))
+            pending = self._seen[p]         # a pull's ids to count, before this push: in the slab with it
+            seen = pending[0] if len(pending) == 1 and pending[0][2].size <= self.memory.slab_rows else None
+            if seen is None:
+                self._send_seen(p)
+            if self.memory.put(p, step, uniq, summed, seen):   # same host: only a header travels
+                self._seen[p] = []
+                msg, kind = np.array([PUSH_SLAB, step, uniq.size], np.int64), PUSH_SLAB
+            else:
+                self._send_seen(p)
+                msg, kind = _pack(PUSH, step, uniq, summed), PUSH
+            self._sends.append((self.comm.Isend(msg, dest=dst, tag=kind), msg))
             self.ctx.control.ring(dst)
             self.traffic.rows_per_ps[p] += uniq.size
             self.traffic.bytes_per_ps[p] += summed.nbytes
@@ -334,7 +344,12 @@ class DynamicEmbeddingTable(DynamicCheckpointable):
             s = self.shard.stats()
             reply = np.array([s[k] for k in STATS_KEYS], np.int64)
         else:
-            grads = raw[24 + 8 * n:].view(np.float32).reshape(n, self.dim)
+            if kind == PUSH_SLAB:
+                ids, grads, seen = self.memory.take(src, n)
+                if seen is not None:                    # the uses of the pull before it
+                    self._observe(seen[2], seen[0], distinct=seen[1])
+            else:
+                grads = raw[24 + 8 * n:].view(np.float32).reshape(n, self.dim)
             if self.ctx.control.kind == "sync":
                 self._staged.setdefault(step, {})[self._worker_of[src]] = (ids, grads)
             else:

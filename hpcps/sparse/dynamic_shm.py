@@ -7,6 +7,14 @@ a row read during an apply may mix old and new elements (in sync mode no pull ov
 
 Layout of a PS's window: ``HEADER`` bytes (the version, int64, first), the buckets (``(n, 2)``
 int64: key, row), the rows (``(capacity, dim)`` float32).
+
+Pushes to a PS on the same host go through a *slab* in the worker's own window memory, one per such
+PS: the worker writes the ids and gradients there, sets the slab's state word to 1 and sends only
+a header (a small message, sent at once: the worker never waits for the PS to take it); the PS
+copies them out when it handles that header and sets the word back to 0. A worker whose slab is
+still full (async modes: the PS has not taken the last one), or whose push does not fit, sends the
+push as a message instead. Layout of a worker's window: a slab per PS on its host, in PS order,
+each ``HEADER`` bytes (the state word first) and then room for ``slab_rows`` ids and gradients.
 """
 
 import time
@@ -20,6 +28,7 @@ __all__ = ["ShardMemory", "HEADER"]
 
 HEADER = 64
 _TRIES = 64                     # reads that overlap a change before the caller asks the PS instead
+SLAB_BYTES = 8 << 20            # a worker's slabs, together (each holds 256 to 8192 rows)
 
 
 class ShardMemory:
@@ -29,13 +38,31 @@ class ShardMemory:
         self.ctx, self.dim, self.caps = ctx, dim, caps
         self.buckets = [bucket_count(c) for c in caps]
         self.sizes = [HEADER + n * 16 + c * dim * 4 for n, c in zip(self.buckets, caps)]
-        self.window = Window(ctx.world, self.sizes[ctx.ps_rank] if ctx.is_ps else 0, what=f"dynamic table {name!r}")
+        near = [p for p, r in enumerate(ctx.ps_world_ranks) if r in ctx.node_ranks]     # PS on this host
+        self.slab_rows = min(8192, max(256, SLAB_BYTES // max(len(near), 1) // (16 + 4 * dim)))
+        slab = HEADER + self.slab_rows * (16 + 4 * dim)         # ids, gradients, ids pulled
+        mine = self.sizes[ctx.ps_rank] if ctx.is_ps else slab * len(near)
+        self.window = Window(ctx.world, mine, what=f"dynamic table {name!r}")
         self.views = [None] * ctx.num_ps
+        self.slabs = [None] * ctx.num_ps        # worker: its slab for each PS on its host
+        self.worker_slabs = {}                  # PS: each same-host worker's slab for it, by world rank
         if ctx.is_worker:
-            near = [r if r in ctx.node_ranks else None for r in ctx.ps_world_ranks]
-            raw = self.window.map_shared(near, self.sizes, np.uint8)
+            raw = self.window.map_shared([ctx.ps_world_ranks[p] if p in near else None for p in range(ctx.num_ps)],
+                                         self.sizes, np.uint8)
             self.views = [None if m is None else self._parts(m, p) for p, m in enumerate(raw)]
+            own = self.window.local(np.uint8)
+            own[:] = 0                          # every slab free (the PS reads none before a header)
+            for i, p in enumerate(near):
+                if self.views[p] is not None:
+                    self.slabs[p] = own[i * slab:(i + 1) * slab]
+        else:
+            at = near.index(ctx.ps_rank) * slab
+            workers = [r for r in ctx.worker_world_ranks if r in ctx.node_ranks]
+            for r, m in zip(workers, self.window.map_shared(workers, [slab * len(near)] * len(workers), np.uint8)):
+                if m is not None:
+                    self.worker_slabs[r] = m[at:at + slab]
         self.retries = 0                # reads done again (a change overlapped them)
+        self.slab_pushes = 0            # worker: pushes handed over through a slab
 
     def _parts(self, mem: np.ndarray, p: int) -> dict:
         n, cap = self.buckets[p], self.caps[p]
@@ -68,7 +95,60 @@ class ShardMemory:
             self.retries += 1
         return None
 
+    def put(self, p: int, step: int, ids: np.ndarray, grads: np.ndarray, seen: tuple | None = None) -> bool:
+        """Worker: write a push for PS ``p`` into its slab (then send the PS a header), with the
+        ids of a pull to count first (``seen``: ``(step, distinct, ids)``, at most
+        :attr:`slab_rows` ids); False when there is no slab for ``p``, the push does not fit or the
+        PS has not taken the last one. Local."""
+        slab = self.slabs[p]
+        if slab is None or ids.size > self.slab_rows:
+            return False
+        head = slab[:HEADER].view(np.int64)
+        self.window.sync()
+        if head[0] != 0:
+            return False
+        n, d = ids.size, self.dim
+        body = slab[HEADER:]
+        body[:8 * n].view(np.int64)[:] = ids
+        body[8 * n:(8 + 4 * d) * n].view(np.float32)[:] = np.asarray(grads, np.float32).reshape(-1)
+        if seen is not None:
+            m = seen[2].size
+            body[(8 + 4 * d) * n:(8 + 4 * d) * n + 8 * m].view(np.int64)[:] = seen[2]
+            head[3:6] = m, seen[0], bool(seen[1])
+        else:
+            head[3] = -1
+        head[1], head[2] = step, n
+        self.window.sync()              # the rows before the word that hands them over
+        head[0] = 1
+        self.window.sync()
+        self.slab_pushes += 1
+        return True
+
+    def take(self, src: int, n: int) -> tuple:
+        """PS: ``(ids, gradients, seen)``: copies of the ``n`` ids and gradients worker ``src`` (world
+        rank) put in its slab for this PS, and of the pull's ids to count with them (``(step,
+        distinct, ids)`` or None); the slab is free again. Local."""
+        slab = self.worker_slabs[src]
+        self.window.sync()
+        head = slab[:HEADER].view(np.int64)
+        if head[0] != 1 or head[2] != n:
+            raise RuntimeError(f"dynamic table: worker {src}'s slab holds no push of {n} ids (state {head[0]}, "
+                               f"{head[2]} ids)")
+        d, body = self.dim, slab[HEADER:]
+        ids = body[:8 * n].view(np.int64).copy()
+        grads = body[8 * n:(8 + 4 * d) * n].view(np.float32).reshape(n, d).copy()
+        m, seen = int(head[3]), None
+        if m >= 0:
+            at = (8 + 4 * d) * n
+            seen = (int(head[4]), bool(head[5]), body[at:at + 8 * m].view(np.int64).copy())
+        self.window.sync()
+        head[0] = 0
+        self.window.sync()
+        return ids, grads, seen
+
     def free(self) -> None:
         """Collective over the world; safe twice."""
         self.views = [None] * len(self.views)
+        self.slabs = [None] * len(self.slabs)
+        self.worker_slabs = {}
         self.window.free()

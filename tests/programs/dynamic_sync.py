@@ -77,5 +77,9 @@ else:
     pushed = np.unique(np.concatenate([batch(s, w)[0] for s in range(steps) for w in range(W)]))
     assert st["capacity"] == CAP and st["size"] == pushed.size == st["inserts"] == ref.stats()["size"], st
     assert st["evictions"] == 0 and st["rejected"] == 0, st
+    # on one host every push went through the worker's slab (only a header travelled); across
+    # hosts only those to a PS on this worker's host did
+    near = sum(v is not None for v in t.memory.views)
+    assert t.memory.slab_pushes == near * steps, (t.memory.slab_pushes, near, steps)
     print(f"OK worker {ctx.worker_rank} size {st['size']} checksum {float(np.abs(final).sum()):.6f}", flush=True)
 ctx.finalize()
