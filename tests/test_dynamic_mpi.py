@@ -94,3 +94,10 @@ def test_async_checkpoints_and_finalize_hold_every_push_of_their_steps(tmp_path)
     assert ids.size > 100 and np.all(np.diff(ids) > 0) and np.abs(rows).sum() > 0
     np.testing.assert_array_equal(ids, ids2)
     np.testing.assert_array_equal(rows, rows2)
+
+
+def test_a_sync_step_needing_more_rows_than_a_shard_has_stops_the_job_with_the_reason():
+    r = run_mpi(3, ["dynamic_overflow.py"], timeout=120, check=False)
+    assert r.returncode != 0 and "the step was applied" not in r.stdout
+    assert "8 distinct ids in one step, more than this shard's capacity of 6 rows (raise capacity)" in r.stderr, \
+        r.stderr[-2000:]
