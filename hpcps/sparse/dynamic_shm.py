@@ -61,6 +61,11 @@ class ShardMemory:
             for r, m in zip(workers, self.window.map_shared(workers, [slab * len(near)] * len(workers), np.uint8)):
                 if m is not None:
                     self.worker_slabs[r] = m[at:at + slab]
+        # a worker uses its slab for PS p only where p mapped it too (collective)
+        mapped = ctx.world.allgather(sorted(self.worker_slabs) if ctx.is_ps else None)
+        for p in range(ctx.num_ps):
+            if ctx.rank not in mapped[ctx.ps_world_ranks[p]]:
+                self.slabs[p] = None
         self.retries = 0                # reads done again (a change overlapped them)
         self.slab_pushes = 0            # worker: pushes handed over through a slab
 
