@@ -25,6 +25,8 @@ def test_bench_sparse_smoke(tmp_path):
                 "hpcps_rma_pull", "hpcps_rma_push", "hpcps_rma_get_pull"):
         assert rates[key] > 0, key
     assert set(report["ratios"]) >= {"pull_vs_local_gather", "pull_vs_two_sided", "push_vs_local_index_add"}
+    for key in ("dynamic_pull_vs_fixed", "dynamic_sync_step_vs_fixed", "dynamic_push_in_step_vs_fixed"):
+        assert 0 < report["ratios"][key] < 100, (key, report["ratios"])
     assert report["config"]["num_workers"] == 2
     assert report["memory"]["worker_window_bytes"] == 0
     assert report["memory"]["ps_table_bytes"] == 20000 * 16 * 4 + 8

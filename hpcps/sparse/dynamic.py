@@ -11,6 +11,8 @@ it waits for all of them and applies their sum in worker order: the same bits in
 async and ssp modes a push is applied when it arrives, and every worker marks each step's end
 (END) and its own (FIN) so checkpoint cuts and ``finalize`` hold every push before them.
 ``stats()`` asks every PS for its counters. Checkpoints: :mod:`hpcps.sparse.dynamic_ckpt`.
+A PS on the worker's own host is read from its window, and pushed to through the worker's slab
+(:mod:`hpcps.sparse.dynamic_shm`): only a header message travels.
 
 Messages travel on a communicator of the table's own (a duplicate of the world), as bytes: a
 header ``[kind, step, n]`` (int64) and then ids (int64) and gradients (float32).
@@ -403,7 +405,7 @@ class DynamicEmbeddingTable(DynamicCheckpointable):
     @property
     def shared_memory_ps(self) -> list[int]:
         """PS indices whose rows this worker reads straight from shared memory (its pushes to them
-        are messages still). Local."""
+        go through its slab). Local."""
         return [p for p, v in enumerate(self.memory.views) if v is not None]
 
     def held_bytes(self) -> int:
