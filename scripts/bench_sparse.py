@@ -141,7 +141,7 @@ def main():
         # gradients, in sync steps), then pulls and sync steps (pull, push, the step's apply) of
         # each batch's keys against the same batches of the fixed table
         keys = splitmix64(np.arange(N, dtype=np.uint64)).view(np.int64)
-        dyn_batches = {id(b): keys[b] for b in batches}
+        dyn_batches = [keys[b] for b in batches]              # batch i's rows, as keys
         clock = [0]
         zeros = np.zeros((1 << 16, D), np.float32)
         for s in range(0, N, 1 << 16):
@@ -159,9 +159,9 @@ def main():
         turns = {k: [] for k in ("fixed_pull", "dynamic_pull", "fixed_step", "dynamic_step")}
         share = max(1, len(batches) // 5)
         for r in range(5):
-            part = batches[r * share:(r + 1) * share]
-            turns["fixed_pull"].append(timed(auto.pull, part))
-            turns["dynamic_pull"].append(timed(lambda ids: dyn.pull(dyn_batches[id(ids)]), part))
+            part = slice(r * share, (r + 1) * share)
+            turns["fixed_pull"].append(timed(auto.pull, batches[part]))
+            turns["dynamic_pull"].append(timed(dyn.pull, dyn_batches[part]))
         dyn.stats()                 # the PS counts those pulls' uses now, not in the first timed step
 
         def sync_step(t, ids):
@@ -171,9 +171,9 @@ def main():
             ctx.step_end(clock[0])
             clock[0] += 1
         for r in range(5):
-            part = batches[r * share:(r + 1) * share]
-            turns["fixed_step"].append(timed(lambda ids: sync_step(auto, ids), part))
-            turns["dynamic_step"].append(timed(lambda ids: sync_step(dyn, dyn_batches[id(ids)]), part))
+            part = slice(r * share, (r + 1) * share)
+            turns["fixed_step"].append(timed(lambda ids: sync_step(auto, ids), batches[part]))
+            turns["dynamic_step"].append(timed(lambda ids: sync_step(dyn, ids), dyn_batches[part]))
         for k, v in turns.items():
             res[f"hpcps_{k}"] = float(np.median(v))
         res["dynamic_pull_ratio"] = float(np.median(np.divide(turns["dynamic_pull"], turns["fixed_pull"])))

@@ -173,12 +173,17 @@ class DynamicShard:
         """The initial rows of ``ids`` (as a fixed table's: ``hpcps.initial_rows``). Local."""
         return initial_rows(self.seed, self.name, ids, self.dim, self.scale, kind=self.init)
 
-    def _distinct(self, ids, distinct: bool):
+    def _distinct(self, ids, distinct: bool, inverse: bool = True):
+        """``(distinct ids, sorted; each one's index in them (None: already distinct, or not
+        asked for); how often each came)``."""
         ids = np.asarray(ids).reshape(-1)
         if ids.dtype != np.int64:
             raise TypeError(f"table {self.name!r}: ids must be int64, got {ids.dtype}")
         if distinct:
             return ids, None, np.ones(ids.size, np.int64)
+        if not inverse:
+            uniq, times = np.unique(ids, return_counts=True)
+            return uniq, None, times
         return np.unique(ids, return_inverse=True, return_counts=True)
 
     def observe(self, ids, step: int, distinct: bool = False) -> np.ndarray:
@@ -194,9 +199,8 @@ class DynamicShard:
     def look(self, ids, step: int, distinct: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`observe`, giving ``(the distinct ids, sorted; their rows)``: what :meth:`place`
         of the same step may take as ``known``. Local."""
-        ids = np.asarray(ids).reshape(-1)
-        uniq, times = (ids, np.ones(ids.size, np.int64)) if distinct else np.unique(ids, return_counts=True)
-        return uniq, self._observe(np.asarray(uniq, np.int64), times, step)
+        uniq, _, times = self._distinct(ids, distinct, inverse=False)
+        return uniq, self._observe(uniq, times, step)
 
     def _observe(self, uniq: np.ndarray, times: np.ndarray, step: int) -> np.ndarray:
         rows = self.index.find(uniq)

@@ -112,22 +112,26 @@ class ShardMemory:
         self.window.sync()
         if head[0] != 0:
             return False
-        n, d = ids.size, self.dim
-        body = slab[HEADER:]
-        body[:8 * n].view(np.int64)[:] = ids
-        body[8 * n:(8 + 4 * d) * n].view(np.float32)[:] = np.asarray(grads, np.float32).reshape(-1)
+        m = -1 if seen is None else seen[2].size
+        at_ids, at_grads, at_seen = self._body(slab, ids.size, m)
+        at_ids[:], at_grads[:] = ids, grads
         if seen is not None:
-            m = seen[2].size
-            body[(8 + 4 * d) * n:(8 + 4 * d) * n + 8 * m].view(np.int64)[:] = seen[2]
-            head[3:6] = m, seen[0], bool(seen[1])
-        else:
-            head[3] = -1
-        head[1], head[2] = step, n
+            at_seen[:] = seen[2]
+            head[4:6] = seen[0], bool(seen[1])
+        head[1:4] = step, ids.size, m
         self.window.sync()              # the rows before the word that hands them over
         head[0] = 1
         self.window.sync()
         self.slab_pushes += 1
         return True
+
+    def _body(self, slab: np.ndarray, n: int, m: int) -> tuple:
+        """Views of a slab's ``n`` ids, their ``(n, dim)`` gradients and ``m`` ids to count (None
+        when ``m`` < 0), one after another past the header."""
+        d, body = self.dim, slab[HEADER:]
+        at = (8 + 4 * d) * n
+        return (body[:8 * n].view(np.int64), body[8 * n:at].view(np.float32).reshape(n, d),
+                None if m < 0 else body[at:at + 8 * m].view(np.int64))
 
     def take(self, src: int, n: int) -> tuple:
         """PS: ``(ids, gradients, seen)``: copies of the ``n`` ids and gradients worker ``src`` (world
@@ -139,13 +143,10 @@ class ShardMemory:
         if head[0] != 1 or head[2] != n:
             raise RuntimeError(f"dynamic table: worker {src}'s slab holds no push of {n} ids (state {head[0]}, "
                                f"{head[2]} ids)")
-        d, body = self.dim, slab[HEADER:]
-        ids = body[:8 * n].view(np.int64).copy()
-        grads = body[8 * n:(8 + 4 * d) * n].view(np.float32).reshape(n, d).copy()
-        m, seen = int(head[3]), None
-        if m >= 0:
-            at = (8 + 4 * d) * n
-            seen = (int(head[4]), bool(head[5]), body[at:at + 8 * m].view(np.int64).copy())
+        m = int(head[3])
+        at_ids, at_grads, at_seen = self._body(slab, n, m)
+        ids, grads = at_ids.copy(), at_grads.copy()
+        seen = None if m < 0 else (int(head[4]), bool(head[5]), at_seen.copy())
         self.window.sync()
         head[0] = 0
         self.window.sync()
