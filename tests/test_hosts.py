@@ -138,6 +138,16 @@ def _pids_on(host: str) -> list[int]:
     return mine
 
 
+def _kill_all(pids) -> None:
+    """SIGKILL each of ``pids``; one that exited meanwhile (a launcher whose ranks just died) is
+    gone already, as wanted."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def test_a_host_lost_then_a_restart_on_fewer_hosts_equals_a_straight_run(tmp_path):
     """Checkpoints from 3 hosts go to one shared directory; every process of one host is killed
     (-9) mid-run; the same job restarted on 2 hosts, with another PS count, ends where a straight
@@ -153,8 +163,7 @@ def test_a_host_lost_then_a_restart_on_fewer_hosts_equals_a_straight_run(tmp_pat
     assert store.list_checkpoints(ck), "no checkpoint before the deadline"
     victims = _pids_on("h1")
     assert victims
-    for pid in victims:
-        os.kill(pid, signal.SIGKILL)
+    _kill_all(victims)
     code, out, err = reap(proc, timeout=120)
     assert code != 0 and not (tmp_path / "w.npz").exists(), out + err
     manifests = [store.read_manifest(c) for c in store.list_checkpoints(ck)]
@@ -235,8 +244,7 @@ def test_a_host_lost_with_its_local_files_restarts_from_partner_copies_bit_equal
     deadline = time.time() + 120
     while time.time() < deadline and not _parts_of(_host_local_dir("h0", name), ck, 6):   # its second or later
         time.sleep(0.05)
-    for pid in _pids_on("h1"):
-        os.kill(pid, signal.SIGKILL)
+    _kill_all(_pids_on("h1"))
     code, so, _ = reap(proc, timeout=120)
     assert code != 0 and not out.exists(), so[-3000:]
     shutil.rmtree(_host_local_dir("h1", name))                   # h1's node-local files are gone
@@ -271,8 +279,7 @@ def test_kills_during_local_and_partner_writes_never_load_a_corrupt_part(tmp_pat
             time.sleep(0.02)                                     # this launch writes local checkpoints
         time.sleep(rng.uniform(0.0, 1.5))
         for h in ("h0", "h1"):
-            for pid in _pids_on(h):
-                os.kill(pid, signal.SIGKILL)
+            _kill_all(_pids_on(h))
         reap(proc)
         parts = [p for h in ("h0", "h1") for p in local.scan(_host_local_dir(h, name))]
         assert parts and all(p["ok"] for p in parts), [p["why"] for p in parts if not p["ok"]]
