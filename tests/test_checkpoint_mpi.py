@@ -319,13 +319,13 @@ def test_node_local_level_restarts_bit_equal_and_ckpt_ls_shows_it(tmp_path, stra
     import sys
     ck, loc = tmp_path / "ck", tmp_path / "local"
     sets = [f"checkpoint.dir={ck}", f"checkpoint.local_dir={loc}", "checkpoint.local_every=4",
-            f"job.export={tmp_path / 'w.npz'}"]
+            "checkpoint.local_full_every=10", f"job.export={tmp_path / 'w.npz'}"]
     f = _final(_train(4, sets).stdout)
     # due every 4 steps; one whose previous one is still written waits a step or more (never the workers)
     done = f["local_checkpoints"]
     assert done[0] == 4 and len(done) >= 4 and min(b - a for a, b in zip(done, done[1:])) >= 4, done
     assert f["checkpoints"] == [30]
-    # local_keep=2 keeps the newest two, and the chain they build on (local_full_every=10: all from step 4)
+    # local_keep=2 keeps the newest two, and the chain they build on (all from step 4)
     assert {p.name.split(".")[0] for p in loc.iterdir()} == {f"step-{s:09d}" for s in done}
     mans = [store.read_manifest(p) for p in loc.iterdir() if p.name.startswith(f"step-{done[-1]:09d}")]
     assert all(m["kind"] == "delta" and m["chain"] == done for m in mans) and len(mans) == 2

@@ -172,3 +172,26 @@ def test_checkpoint_dir_that_is_a_file_is_refused(tmp_path):
     f.write_text("")
     with pytest.raises(ValueError, match="checkpoint.dir = .*is a file, not a directory"):
         load_config(None, [f"checkpoint.dir={f}"], environ={})
+
+
+@pytest.mark.parametrize("sets,num_ps,want", [
+    ([], 1, 1),                                                 # the main job: 11 MB a shard, every one full
+    (["data.rows_per_table=1000000"], 1, 10),                   # 8 x 1M rows + Adagrad state: 1 GB, deltas
+    (["data.rows_per_table=1000000"], 16, 1),                   # the same over 16 PS: 64 MiB each
+    (["data.rows_per_table=1000000", "optimizer.sparse.name=sgd"], 8, 1),    # no state: 64 MB over 8
+    (["data.rows_per_table=1000000", "optimizer.sparse.name=adam"], 8, 10),  # two state arrays: 192 MB
+    (["checkpoint.local_full_every=4"], 1, 4),                  # a number is kept
+    (["model.dynamic_tables=true", "model.dynamic_capacity=100000000"], 4, 10),
+])
+def test_local_full_every_auto_is_all_full_for_small_shards(tmp_path, sets, num_ps, want):
+    from types import SimpleNamespace
+
+    from hpcps.train.build import resolve_local_full_every
+    cfg = load_config(ROOT / "examples" / "ctr.toml", sets + [f"checkpoint.dir={tmp_path}", "checkpoint.local_every=10",
+                                                            f"checkpoint.local_dir={tmp_path / 'local'}"], environ={})
+    data = SimpleNamespace(tables=[(f"cat{i}", cfg.data.rows_per_table) for i in range(cfg.data.num_tables)])
+    got = resolve_local_full_every(cfg, data, cfg.job.steps, num_ps)
+    assert got.checkpoint.local_full_every == want
+    assert got.job == cfg.job and got.model == cfg.model          # nothing else changed
+    off = load_config(ROOT / "examples" / "ctr.toml", [], environ={})   # no node-local level: left as it is
+    assert resolve_local_full_every(off, data, off.job.steps, num_ps).checkpoint.local_full_every == 0

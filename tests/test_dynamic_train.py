@@ -42,7 +42,8 @@ def test_a_dlrm_on_a_dynamic_table_restarts_bit_equal_from_the_node_local_level_
     lay = straight["layout"]        # one host: every worker reads the PS's window, pushes are messages
     assert lay["remote"] == "messages" and all(w["shm_ps"] == [0] for w in lay["workers"]), lay
     # node-local checkpoints every 4 steps (deltas on a full one); the filesystem's only at the end
-    sets = [f"checkpoint.dir={two}", f"checkpoint.local_dir={tmp_path / 'local'}", "checkpoint.local_every=4"]
+    sets = [f"checkpoint.dir={two}", f"checkpoint.local_dir={tmp_path / 'local'}", "checkpoint.local_every=4",
+            "checkpoint.local_full_every=10"]
     _, first = _train(4, sets)
     done = first["local_checkpoints"]
     assert first["checkpoints"] == [30] and len(done) >= 3, first

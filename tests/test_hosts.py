@@ -233,7 +233,7 @@ def test_a_host_lost_with_its_local_files_restarts_from_partner_copies_bit_equal
     of an uninterrupted run."""
     name = f"hpcps-lv-{os.getpid()}"
     sets = ["optimizer.sparse.name=adam", "optimizer.sparse.lr=0.05", "job.num_ps=2", "checkpoint.every_steps=1000",
-            "checkpoint.local_every=3", f"checkpoint.local_dir=/dev/shm/{name}"]
+            "checkpoint.local_every=3", "checkpoint.local_full_every=10", f"checkpoint.local_dir=/dev/shm/{name}"]
     hosts = "h0:2,h1:2,h2:1"
     # the straight run's parts share the local directory: a restart takes only its own job's
     _train(5, hosts, sets + [f"checkpoint.dir={tmp_path / 'straight'}", f"job.export={tmp_path / 'straight.npz'}"])
@@ -262,13 +262,15 @@ def test_a_host_lost_with_its_local_files_restarts_from_partner_copies_bit_equal
 
 def test_kills_during_local_and_partner_writes_never_load_a_corrupt_part(tmp_path):
     """Every rank killed at random moments while node-local checkpoints (and their partner copies
-    across hosts) are written every step: every committed part verifies, and a restart loads."""
+    across hosts) are written every step, full ones and deltas: every committed part verifies, and
+    a restart loads."""
     import random
     from hpcps.checkpoint import local
     name = f"hpcps-lk-{os.getpid()}"
     ck = tmp_path / "ck"
     argv = ["-m", "hpcps", "train", "--config", TINY, "--set", "job.num_ps=2", f"checkpoint.dir={ck}",
             "checkpoint.every_steps=100000", "checkpoint.local_every=1", f"checkpoint.local_dir=/dev/shm/{name}",
+            "checkpoint.local_full_every=3",
             "job.steps=100000", "data.rows_per_table=100000"]
     rng = random.Random(2)
     for trial in range(3):

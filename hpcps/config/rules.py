@@ -123,7 +123,7 @@ def validate(cfg: Config) -> None:
     c = cfg.checkpoint
     _check(c.local_every >= 0, "checkpoint.local_every", c.local_every, "must be >= 0 (0: off)")
     _check(c.local_keep >= 1, "checkpoint.local_keep", c.local_keep, "must be >= 1")
-    _check(c.local_full_every >= 1, "checkpoint.local_full_every", c.local_full_every, "must be >= 1")
+    _check(c.local_full_every >= 0, "checkpoint.local_full_every", c.local_full_every, "must be >= 0 (0: auto)")
     _check(not c.local_dir or c.dir, "checkpoint.local_dir", c.local_dir,
            "needs checkpoint.dir too (the parallel filesystem level, and the job's lock)")
     _check(not c.local_every or c.local_dir, "checkpoint.local_every", c.local_every, "needs checkpoint.local_dir")

@@ -140,7 +140,8 @@ class CheckpointConfig:
     local_dir: str = ""         # node-local level (/dev/shm/..., a local SSD) on every host ("" = off)
     local_every: int = 0        # steps between node-local checkpoints (0: off)
     local_keep: int = 2         # node-local checkpoints kept on each host (with the ones they build on)
-    local_full_every: int = 10  # a full node-local checkpoint every K; the ones between hold only changed rows
+    local_full_every: int = 0   # a full node-local checkpoint every K; the ones between hold only changed rows
+    #                             0: auto (every one full while a PS's shard is at most 64 MiB, else 10)
 
 
 @dataclass

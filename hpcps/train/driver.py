@@ -21,7 +21,7 @@ from ..data.loader import supported as loader_supported
 from ..nn import IdPlan
 from ..stopping import StopRequest
 from .best import stopped_early
-from .build import make_tables, pipeline_switches, total_steps
+from .build import make_tables, pipeline_switches, resolve_local_full_every, total_steps
 from .layout import backend_name, gather_layout, layout_line
 from .recovery import load_level, open_checkpointer, record_start
 from .telemetry import peak_rss
@@ -59,6 +59,7 @@ def train(cfg: Config) -> dict | None:
         data = make_data(cfg.data, j.seed, ctx.num_workers, max(ctx.worker_rank, 0), world, not ctx.is_ps,
                          raw_keys=cfg.model.dynamic_tables)
         steps = total_steps(cfg, data)
+        cfg = resolve_local_full_every(cfg, data, steps, ctx.num_ps)
         pipe = pipeline_switches(cfg, ctx)
         tables = make_tables(cfg, ctx, data, steps, pipe)
         layout = gather_layout(ctx, tables)            # on the first worker
