@@ -10,8 +10,9 @@ without a dense part gets one; what arrives is committed as a part on the receiv
 level is whole again.
 
 Only the files a restart reads are checked against their checksums, by the rank that reads or
-sends them (a worker the dense file, a sender what it sends; a receiver checks what arrives; a PS
-its shard while it loads it, :mod:`hpcps.checkpoint.readback`): not every kept part, which at a GB a shard was most of a restart. A file that
+sends them (a host's first worker the dense file its workers read, a sender what it sends; a
+receiver checks what arrives; a PS its shard while it loads it, :mod:`hpcps.checkpoint.readback`):
+not every kept part, which at a GB a shard was most of a restart. A file that
 fails marks its part bad, and the choice is made again without it (an older step, a partner
 copy, or the filesystem level).
 """
@@ -131,11 +132,12 @@ def _move(ctx, root, moves: list, keep: int, file_mode: int) -> None:
 
 
 def _reads(ctx, found: dict, moves: list) -> list:
-    """``[(host, part, file)]``: what this rank reads from its own host (a worker the dense file)
-    or sends, to be checked first."""
+    """``[(host, part, file)]``: what this rank sends, and what its host reads (its first worker:
+    the dense file the host's workers read), to be checked first."""
     me, node = ctx.rank, ctx.node_of_rank[ctx.rank]
     out = [(src, str(Path(f).parent), Path(f).name) for src, f, *_ in moves if src == me]
-    if ctx.is_worker:       # a PS checks its own file as it loads it (hpcps.checkpoint.readback)
+    # a PS checks its own file as it loads it (hpcps.checkpoint.readback)
+    if ctx.is_worker and me == min(r for r in ctx.worker_world_ranks if r in ctx.node_ranks):
         here = [x for x in found["dense"] if x[0] == node]
         if here:
             out.append((here[0][0], here[0][1], "dense.h5"))
@@ -151,7 +153,8 @@ def _check(ctx, found: dict, moves: list) -> set:
         if not ok:
             logger.warning("hpcps: local checkpoint part %s: %s", part, why)
             failed.append((host, part))
-    quiet_barrier(ctx.world)
+    if moves:          # senders hash whole shards: the others sleep meanwhile (a dense file is quick)
+        quiet_barrier(ctx.world)
     return {tuple(x) for f in ctx.world.allgather(failed) for x in f}
 
 
@@ -162,8 +165,7 @@ def find_local(ctx, root, job_dir, sharding, keep: int, file_mode: int, newer_th
     directory are not this job's state. Collective over the world."""
     lead = ctx.node_comm.Get_rank() == 0
     me = ctx.rank
-    inv = _inventory(root) if lead else None
-    quiet_barrier(ctx.world)                    # the others sleep while the leaders list
+    inv = _inventory(root) if lead else None    # manifests only: a ms or so (a quiet wait's naps took more)
     hosts = {n: i for n, i in ctx.world.allgather((ctx.node_of_rank[me], inv)) if i is not None}
     bad = set()
     while True:
@@ -176,13 +178,17 @@ def find_local(ctx, root, job_dir, sharding, keep: int, file_mode: int, newer_th
             break
         bad |= failed
     step = found["step"]
-    _move(ctx, root, moves, keep, file_mode)
-    ctx.node_comm.Barrier()                     # every rebuilt part of this host is committed
     node = ctx.node_of_rank[me]
-    good = [p for p in local.scan(root, check=False) if (node, str(p["path"])) not in bad]
-    dense = next(p["path"] for p in good if p["step"] == step and p["manifest"].get("dense"))
+    if moves:
+        _move(ctx, root, moves, keep, file_mode)
+        ctx.node_comm.Barrier()                 # every rebuilt part of this host is committed
+        good = [(p["step"], p["path"], p["manifest"]) for p in local.scan(root, check=False)]
+    else:                                       # this host's parts are as its leader listed them
+        good = [(s, Path(path), man) for s, path, _, _, man in hosts.get(node, [])]
+    good = [(s, path, man) for s, path, man in good if (node, str(path)) not in bad]
+    dense = next(path for s, path, man in good if s == step and man.get("dense"))
     own = None
     if ctx.is_ps:                               # its file of each step of the chain, the full one first
-        own = [next(p["path"] / shard_file(ctx.ps_rank) for p in good
-                    if p["step"] == c and ctx.ps_rank in p["manifest"].get("shards", [])) for c in found["chain"]]
+        own = [next(path / shard_file(ctx.ps_rank) for s, path, man in good
+                    if s == c and ctx.ps_rank in man.get("shards", [])) for c in found["chain"]]
     return LocalFound(dense, own, step, len(moves))

@@ -40,6 +40,7 @@ _CLOCK_EVERY = 64           # misses between two looks at the clock (a wait's po
 _SPINS = 2                  # misses answered with a yield before the first sleep
 _FIRST_S, _MAX_S = 20e-6, 60e-6
 QUIET_MAX_S = 2e-3            # quiet_barrier's longest nap
+QUIET_SHARE = 0.1             # and its naps' share of the time it waited so far
 _SLACK_NS = 1000            # timer slack while the policy is sleep
 
 _PR_SET_TIMERSLACK = 29
@@ -107,11 +108,12 @@ def quiet_barrier(comm) -> None:
     timeout: for waits on one rank's long local work (verifying or loading a checkpoint), whose
     CPUs the spinning ranks would take. Its naps grow to ``QUIET_MAX_S``, not to the 60 us of a
     step's waits: three ranks waking every 60 us took a third of the 2 CPUs a PS loading a GB
-    shard needed (its load 0.6-1.0 s against 0.4 s). Collective over ``comm``."""
-    req, nap = comm.Ibarrier(), _FIRST_S
+    shard needed (its load 0.6-1.0 s against 0.4 s). Each nap is a tenth of the time waited so far,
+    so a short wait ends soon after its last rank arrives (naps that doubled added 5-8 ms to a
+    10 ms load of the main job's shard). Collective over ``comm``."""
+    req, start = comm.Ibarrier(), time.monotonic()
     while not req.Test():
-        time.sleep(nap)
-        nap = min(2 * nap, QUIET_MAX_S)
+        time.sleep(min(max(QUIET_SHARE * (time.monotonic() - start), _FIRST_S), QUIET_MAX_S))
 
 
 def bells() -> bool:
