@@ -86,6 +86,7 @@ class Topology:
         self.num_ps = num_ps
         self.num_workers = world.Get_size() - num_ps
         self.node_ranks = frozenset(r for r, n in enumerate(node_of_rank) if n == node_leader)
+        self.node_workers = [r for r in self.worker_world_ranks if r in self.node_ranks]   # this host's, ascending
         color = 0 if self.is_ps else 1
         both = world.Split(color, key=me)
         self.ps_comm = both if self.is_ps else MPI.COMM_NULL

@@ -59,10 +59,9 @@ class Checkpointer(PsWriter):
                  local_keep: int = 2, local_full_every: int = 1):
         self.ctx, self.tables, self.root = ctx, tables, Path(root)
         self.local_dir, self.local_keep = (Path(local_dir) if local_dir else None), local_keep
-        node_workers = [r for r in sorted(ctx.node_ranks) if r in set(ctx.worker_world_ranks)]
-        self.holder = ctx.is_worker and ctx.rank == node_workers[0]    # writes this host's dense part
+        self.holder = ctx.is_worker and ctx.rank == ctx.node_workers[0]    # writes this host's dense part
         # the ranks of this host that write node-local parts (pruning counts a step once all did)
-        self.local_writers = sorted({r for r in ctx.node_ranks if r in set(ctx.ps_world_ranks)} | set(node_workers[:1]))
+        self.local_writers = sorted({r for r in ctx.node_ranks if r in set(ctx.ps_world_ranks)} | set(ctx.node_workers[:1]))
         self.partners = Partners(ctx, file_mode) if ctx.is_ps and self.local_dir else None
         self._local_pending = None    # a host's first worker: the local step its dense part is being written for
         self._dense_writer = None     # ... and the thread writing it

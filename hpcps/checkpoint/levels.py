@@ -137,7 +137,7 @@ def _reads(ctx, found: dict, moves: list) -> list:
     me, node = ctx.rank, ctx.node_of_rank[ctx.rank]
     out = [(src, str(Path(f).parent), Path(f).name) for src, f, *_ in moves if src == me]
     # a PS checks its own file as it loads it (hpcps.checkpoint.readback)
-    if ctx.is_worker and me == min(r for r in ctx.worker_world_ranks if r in ctx.node_ranks):
+    if ctx.is_worker and me == ctx.node_workers[0]:
         here = [x for x in found["dense"] if x[0] == node]
         if here:
             out.append((here[0][0], here[0][1], "dense.h5"))

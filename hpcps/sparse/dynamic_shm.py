@@ -57,7 +57,7 @@ class ShardMemory:
                     self.slabs[p] = own[i * slab:(i + 1) * slab]
         else:
             at = near.index(ctx.ps_rank) * slab
-            workers = [r for r in ctx.worker_world_ranks if r in ctx.node_ranks]
+            workers = ctx.node_workers
             for r, m in zip(workers, self.window.map_shared(workers, [slab * len(near)] * len(workers), np.uint8)):
                 if m is not None:
                     self.worker_slabs[r] = m[at:at + slab]
