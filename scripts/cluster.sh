@@ -5,7 +5,9 @@
 #   scripts/cluster.sh down [--force]        remove them (refused while processes run there, unless --force)
 #   scripts/cluster.sh status                hosts, addresses, CPUs and how many processes run on each
 #   scripts/cluster.sh exec HOST CMD...      run CMD on HOST
-#   scripts/cluster.sh mpiexec-args HOSTS    print the mpiexec (hydra) arguments that launch on HOSTS (h0,h1:2,...)
+#   scripts/cluster.sh mpiexec-args HOSTS    print the mpiexec arguments that launch on HOSTS (h0,h1:2,...):
+#                                            hydra's (MPICH, Intel MPI), or prterun's when $HPCPS_MPIEXEC
+#                                            (else the mpiexec on PATH) is Open MPI's
 #   scripts/cluster.sh mpiexec HOSTS ARGS... run `mpiexec <those arguments> ARGS` from the first of HOSTS
 #                                            ($HPCPS_MPIEXEC, else the mpiexec on PATH)
 #
@@ -17,7 +19,7 @@
 # Needs root. HPCPS_CLUSTER names the cluster (default "hpc", at most 8 letters and digits), so that
 # several can exist at once; HPCPS_CLUSTER_NET is the first three bytes of the hosts' addresses
 # (default 10.213.0). The launcher is the `ssh` subcommand of this script: it enters a host's
-# namespaces instead of connecting anywhere.
+# namespaces instead of connecting anywhere (hydra's -launcher-exec, Open MPI's plm_ssh_agent).
 set -euo pipefail
 
 CL=${HPCPS_CLUSTER:-hpc}
@@ -155,22 +157,33 @@ fake_ssh() {   # what hydra calls as its ssh: skip options, then HOST, then the 
     host_exec "$h" sh -c "$*"
 }
 
-mpiexec_args() {
-    local list=${1:-}
+launcher_kind() {   # "openmpi" when the launcher $1 is Open MPI's (prterun), else "hydra" (MPICH, Intel MPI)
+    "$1" --version 2>/dev/null | grep -q -E "Open MPI|prterun|PRRTE" && echo openmpi || echo hydra
+}
+
+mpiexec_args() {   # mpiexec_args HOSTS [LAUNCHER]
+    local list=${1:-} kind
     [[ -n $list ]] || die "mpiexec-args: give hosts, e.g. h0,h1 or h0:1,h1:2"
     local item
     for item in ${list//,/ }; do
         [[ -e /run/netns/$CL-${item%%:*} ]] || die "no host '${item%%:*}' in cluster '$CL'"
     done
-    echo "-launcher ssh -launcher-exec ${SELF%/*}/cluster-ssh -hosts $list"
+    kind=$(launcher_kind "${2:-${HPCPS_MPIEXEC:-mpiexec}}")
+    if [[ $kind == openmpi ]]; then
+        # prterun starts its daemon (prted) on each host through this "ssh"; a host without a
+        # slot count gets one slot, and more ranks than slots need :oversubscribe
+        echo "--host $list --map-by :oversubscribe --bind-to none --prtemca plm_ssh_agent ${SELF%/*}/cluster-ssh"
+    else
+        echo "-launcher ssh -launcher-exec ${SELF%/*}/cluster-ssh -hosts $list"
+    fi
 }
 
 run_mpiexec() {
     local list=${1:-}; shift || true
-    local args; args=$(mpiexec_args "$list")
     local first=${list%%,*}; first=${first%%:*}
     local mpiexec=${HPCPS_MPIEXEC:-}
     [[ -n $mpiexec ]] || mpiexec=$(command -v mpiexec) || die "no mpiexec on PATH (activate .venv, or set HPCPS_MPIEXEC)"
+    local args; args=$(mpiexec_args "$list" "$mpiexec")
     # shellcheck disable=SC2086
     host_exec "$first" env HPCPS_CLUSTER="$CL" "$mpiexec" $args "$@"
 }

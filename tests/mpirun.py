@@ -28,6 +28,58 @@ def mpiexec() -> str:
     return found
 
 
+_MPI_ENVS: dict = {}           # MPI name -> the exports of `scripts/run env` for it
+
+
+def mpi_exports(name: str) -> dict:
+    """The environment that runs MPI ``name`` (``mpich``, ``openmpi``, ``impi``: ``HPCPS_MPI`` of
+    ``scripts/run``), as ``scripts/run env`` prints it (setting it up first if needed)."""
+    import shlex
+    if name not in _MPI_ENVS:
+        r = subprocess.run([str(ROOT / "scripts" / "run"), "env"], capture_output=True, text=True, check=True,
+                           env={**os.environ, "HPCPS_MPI": name})
+        exports = {}
+        for line in r.stdout.splitlines():
+            if line.startswith("export "):
+                key, _, value = line[len("export "):].partition("=")
+                exports[key] = shlex.split(value)[0] if value else ""
+        exports["HPCPS_MPI"] = name
+        _MPI_ENVS[name] = exports
+    return _MPI_ENVS[name]
+
+
+class using_mpi:
+    """``with using_mpi("openmpi"):`` launches (``run_mpi``, ``launch_mpi``, ``train_many``) use that
+    MPI; the environment is put back after. ``None`` changes nothing."""
+
+    def __init__(self, name: str | None):
+        self.name, self.saved = name, None
+
+    def __enter__(self):
+        if self.name is not None:
+            new = mpi_exports(self.name)
+            self.saved = {k: os.environ.get(k) for k in set(new) | {"MPI4PY_LIBMPI", "OPAL_PREFIX", "I_MPI_ROOT",
+                                                                   "OMPI_MCA_osc", "I_MPI_FABRICS"}}
+            for k in self.saved:
+                os.environ.pop(k, None)
+            os.environ.update(new)
+        return self
+
+    def __exit__(self, *exc):
+        if self.saved is not None:
+            for k, v in self.saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+def launched_mpi(final: dict) -> dict:
+    """``{"library", "version"}`` of the MPI a job ran on, from its final summary's layout."""
+    mpi = (final.get("layout") or {}).get("mpi") or {}
+    return {"library": mpi.get("library"), "version": mpi.get("version")}
+
+
 def launcher(n: int, hosts: str | None = None) -> list:
     """``mpiexec -n n``; with ``hosts`` (``"h0:2,h1:1"``) the same on the pretend hosts of the cluster
     ``$HPCPS_CLUSTER`` (``scripts/cluster.sh``), launched from the first of them."""
@@ -40,7 +92,8 @@ def mpi_env(extra=None) -> dict:
     """The environment of a test's launch: ``extra`` on top (a value None removes the variable)."""
     env = dict(os.environ)
     env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-                "OMPI_MCA_rmaps_base_oversubscribe": "1", "HDF5_USE_FILE_LOCKING": "FALSE",
+                "PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe",     # Open MPI 5's prterun
+                "PRTE_MCA_hwloc_default_binding_policy": "none", "HDF5_USE_FILE_LOCKING": "FALSE",
                 "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"})
     env.pop("HPCPS_NUM_PS", None)
     env.pop("HPCPS_TRANSPORT", None)
@@ -94,6 +147,38 @@ def run_mpi(n: int, argv, timeout: float = 120, env=None, mpi4py_run: bool = Tru
     if check and proc.returncode != 0:
         raise AssertionError(f"exit {proc.returncode}: {' '.join(cmd)}\n--- stdout\n{out}\n--- stderr\n{err}")
     return result
+
+
+def train_many(n: int, runs, env=None, timeout: float = 300, hosts: str | None = None) -> dict:
+    """Several ``hpcps train`` jobs in one launch of ``n`` ranks (``programs/train_many.py``): ``runs``
+    maps a tag to ``[args...]`` (after ``hpcps train``) or to ``(args, env)``. Returns
+    ``{tag: (final summary, rank 0's stdout of that run)}``; ``.stderr`` of the launch is under the key
+    ``None``. One run's failure fails them all (the launch aborts)."""
+    import json
+    import tempfile
+    spec = []
+    for tag, run in runs.items():
+        args, run_env = (run, None) if isinstance(run, list) else run
+        spec.append({"tag": tag, "args": ["train", *map(str, args)], "env": run_env})
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(spec, f)
+    try:
+        r = run_mpi(n, ["train_many.py", f.name], timeout=timeout, env=env, hosts=hosts)
+    finally:
+        os.unlink(f.name)
+    out, tag, text = {None: r.stderr}, None, {}
+    for line in r.stdout.splitlines():
+        if line.startswith('{"run"'):
+            tag = json.loads(line)["run"]
+            text[tag] = []
+        elif tag is not None:
+            text[tag].append(line)
+    for tag, lines in text.items():
+        finals = [json.loads(x)["final"] for x in lines if x.startswith('{"final"')]
+        assert len(finals) == 1, (tag, lines)
+        out[tag] = (finals[0], "\n".join(lines))
+    assert set(out) == set(runs) | {None}, (sorted(map(str, out)), r.stdout[-2000:])
+    return out
 
 
 def launch_mpi(n: int, argv, env=None, tag: str = "", hosts: str | None = None) -> subprocess.Popen:

@@ -77,7 +77,7 @@ def test_file_errors_name_the_key(tmp_path, text, msg):
     (["pipeline.push_dtype=int8"], "pipeline.push_dtype = 'int8': must be one of float32, bfloat16, float16"),
     (["job.wait=spin"], "job.wait = 'spin': must be one of auto, yield, sleep"),
     (["optimizer.sparse.lr=1e39"], "lr must be a number in .0, 3.403e.38. .rows are float32"),
-    (["job.rma_read=put"], "job.rma_read = 'put': must be one of get_accumulate, get"),
+    (["job.rma_read=put"], "job.rma_read = 'put': must be one of auto, get_accumulate, get"),
     (["job.mpi_threads=all"], "job.mpi_threads = 'all': must be one of single, funneled, serialized, multiple"),
     (["model.sharding=hash"], "model.sharding = 'hash': must be one of modulo, range"),
     (["job.world_size=-1"], "job.world_size = -1"),

@@ -31,7 +31,7 @@ class JobConfig:
     export: str = ""            # .npz of the final weights written by worker 0 ("" = none)
     export_best: bool = False   # job.export writes the best checkpoint's weights (checkpoint.keep_best)
     wait: str = "auto"          # how waiting ranks wait: auto | yield | sleep (auto: sleep if the node is oversubscribed)
-    rma_read: str = "get_accumulate"  # remote pulls: get_accumulate (atomic per element) | get (faster)
+    rma_read: str = "auto"   # remote pulls: auto | get_accumulate (atomic per element) | get (faster)
     mpi_threads: str = "serialized"   # MPI thread level: single | funneled | serialized | multiple
     malloc_tune: bool = True    # restart with glibc's tcache off, trim the heap (hpcps.core.malloc)
     step_delay: float = 0.0     # seconds each worker sleeps per step (demos and fault tests)

@@ -1,4 +1,5 @@
-"""What a process sets before MPI starts: the MPI thread level and glibc's tcache.
+"""What a process sets before MPI starts: the MPI thread level, glibc's tcache, and the settings
+hpcps gives the MPI library.
 
 ``hpcps train`` calls :func:`prepare_process` from the command, with the values of
 the config keys ``job.mpi_threads`` and ``job.malloc_tune``. A program of your own
@@ -12,7 +13,8 @@ call with a global lock and yields the CPU (``sched_yield``) while it progresses
 flush or atomic, which on a node with more ranks than CPUs made such calls wait for other
 ranks' time slices (a fetch-and-add + flush: median 186 us against 17 us under
 SERIALIZED, 4 ranks on 2 CPUs). Only the pipeline's communication thread calls MPI off
-the main thread: ``multiple`` enables it. Why the tcache: ``hpcps.core.malloc``.
+the main thread: ``multiple`` enables it. Why the tcache: ``hpcps.core.malloc``. MPI
+settings: :func:`mpi_settings`.
 """
 
 import os
@@ -21,7 +23,25 @@ import sys
 from . import malloc
 from .settings import THREAD_LEVELS
 
-__all__ = ["prepare_process"]
+__all__ = ["prepare_process", "mpi_settings"]
+
+_RDMA_DEVICES = "/sys/class/infiniband"
+
+
+def mpi_settings(environ=os.environ, rdma_devices: str = _RDMA_DEVICES) -> dict:
+    """What hpcps sets in the environment for the MPI library, where the user set nothing:
+    ``{variable: value}``. Open MPI's UCX one-sided component (``osc/ucx``) needs an RDMA device;
+    without one it prints ``OSC UCX component priority set inside component query failed`` on
+    every rank at start and is not used anyway, so where ``rdma_devices`` lists none,
+    ``OMPI_MCA_osc=^ucx`` (MPICH ignores the variable). Local, pure."""
+    out = {}
+    try:
+        has_rdma = bool(os.listdir(rdma_devices))
+    except OSError:
+        has_rdma = False
+    if "OMPI_MCA_osc" not in environ and not has_rdma:
+        out["OMPI_MCA_osc"] = "^ucx"
+    return out
 
 
 def prepare_process(thread_level: str | None = "serialized", malloc_tune: bool = True, restart: bool = True) -> str:
@@ -35,6 +55,8 @@ def prepare_process(thread_level: str | None = "serialized", malloc_tune: bool =
         glibc's tcache off (``hpcps.core.malloc.restart_without_tcache``; glibc reads
         its tunables only at start). Does nothing once MPI has started.
 
+    Also sets :func:`mpi_settings` in ``os.environ``.
+
     Returns the thread level mpi4py will ask for (``"already started"`` when MPI runs
     already, which is then left alone). Raises ``ValueError`` on an unknown level.
     """
@@ -43,6 +65,7 @@ def prepare_process(thread_level: str | None = "serialized", malloc_tune: bool =
     malloc.set_tuning(malloc_tune)
     if "mpi4py.MPI" in sys.modules:
         return "already started"
+    os.environ.update(mpi_settings())
     if restart:
         malloc.restart_without_tcache()
     import mpi4py

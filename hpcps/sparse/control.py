@@ -56,8 +56,8 @@ class StepControl:
         self._views = {}
         if ctx.is_worker and ctx.transport == "auto":
             for r in ctx.ps_world_ranks:
-                mem = self._win.shared(r, np.int64) if r in ctx.node_ranks else None
-                if mem is not None and mem.size == 4 + W:
+                mem = self._win.shared(r, np.int64, 4 + W) if r in ctx.node_ranks else None
+                if mem is not None:
                     self._views[r] = mem
         # doorbells (oversubscribed node, Linux): a waiting rank sleeps on a futex on these words
         # instead of waking every few tens of us to poll them (hpcps/core/wait.py). A worker rings each

@@ -80,6 +80,8 @@ def check_args(ctx, name, num_rows, dim, optimizer, transport, pull_dtype, push_
         if v not in ROW_DTYPES:
             raise ValueError(f"table {name!r}: {what} must be one of {ROW_DTYPES}, got {v!r}")
     rma_read = rma_read or ctx.rma_read
+    if rma_read == "auto":
+        rma_read = ctx.resolve_rma_read(rma_read)
     if rma_read not in RMA_READS:
         raise ValueError(f"table {name!r}: rma_read must be one of {RMA_READS}, got {rma_read!r}")
     return optimizer, transport, rma_read

@@ -91,7 +91,7 @@ class Staging:
         self.flag_views = [None if r is None else self.flags.shared(r, np.uint8) for r in near]
         self.list_views = [None if r is None else self.list.shared(r, np.int64) for r in near]
         if self.slab is not None:
-            self.slab_views = [None if r is None else _slab_parts(self.slab.shared(r, np.uint8), cap, self.dim)
+            self.slab_views = [None if r is None else _slab_parts(self.slab.shared(r, np.uint8, _slab_bytes(cap, self.dim)), cap, self.dim)
                                for r, cap in zip(near, self.slab_caps)]
 
     @property

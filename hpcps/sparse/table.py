@@ -79,7 +79,7 @@ class EmbeddingTable(Checkpointable):
     ``"range"`` (contiguous ranges), or a sharding object for ``num_rows`` rows over
     ``ctx.num_ps`` PS ranks (``hpcps.core.sharding``).
     transport: ``None`` (the context's), ``"auto"`` or ``"rma"``; see :func:`hpcps.init`.
-    rma_read: ``None`` (the context's), ``"get_accumulate"`` or ``"get"``: how pulls read a
+    rma_read: ``None`` (the context's), ``"auto"``, ``"get_accumulate"`` or ``"get"``: how pulls read a
     remote shard; see :func:`hpcps.init`.
     track_dirty: keep a per-row "changed since the last checkpoint" byte on the PS
     (incremental checkpoints); costs one byte per row and, on the RMA path, one

@@ -1,10 +1,12 @@
 """Where a job's ranks run: hosts, ranks and PS per host, how each worker reaches each PS
-(shared memory or RMA), and the dense all-reduce backend. ``hpcps train`` prints it as one line at
+(shared memory or RMA), the dense all-reduce backend and the MPI library. ``hpcps train`` prints it as one line at
 start and puts it in the final summary as ``"layout"``."""
+
+import os
 
 from mpi4py import MPI
 
-__all__ = ["gather_layout", "layout_line", "backend_name"]
+__all__ = ["gather_layout", "layout_line", "backend_name", "mpi_info"]
 
 
 def gather_layout(ctx, tables) -> dict | None:
@@ -30,7 +32,18 @@ def gather_layout(ctx, tables) -> dict | None:
     return {"hosts": len(keys), "host_names": [nodes[k] for k in keys], "remote": tables[0].remote if tables else "RMA",
             "ranks_per_host": [host_of.count(h) for h in range(len(keys))],
             "ps_per_host": [ps_host.count(h) for h in range(len(keys))],
-            "ps_hosts": ps_host, "workers": workers, "transport": ctx.transport, "dense": None}
+            "ps_hosts": ps_host, "workers": workers, "transport": ctx.transport, "dense": None,
+            "mpi": mpi_info(ctx.window_kind)}
+
+
+def mpi_info(windows: str) -> dict:
+    """The MPI library, how windows are made (``hpcps.core.window``) and the one-sided component
+    setting this rank runs with (``OMPI_MCA_osc``: ``hpcps.core.process.mpi_settings``). Local."""
+    name, version = MPI.get_vendor()
+    info = {"library": name, "version": ".".join(map(str, version)), "windows": windows}
+    if name == "Open MPI" and os.environ.get("OMPI_MCA_osc"):
+        info["OMPI_MCA_osc"] = os.environ["OMPI_MCA_osc"]
+    return info
 
 
 def backend_name(dense_sync) -> str:
@@ -48,8 +61,11 @@ def layout_line(layout: dict) -> str:
     over = "by messages" if layout.get("remote") == "messages" else "over RMA"
     reads = "; ".join(f"worker{'s' * (len(ws) > 1)} {_span(ws)}: PS {_span(shm) or '-'} by shared memory, "
                       f"PS {_span(rma) or '-'} {over}" for (shm, rma), ws in groups.items())
+    mpi = layout.get("mpi")
+    lib = "" if not mpi else (f"; MPI: {mpi['library']} {mpi['version']}, windows {mpi['windows']}"
+                              + "".join(f", {k}={mpi[k]}" for k in ("OMPI_MCA_osc",) if k in mpi))
     return (f"{layout['hosts']} host{'s' * (layout['hosts'] != 1)} ({hosts}); {reads}; "
-            f"dense all-reduce: {layout['dense'] or '-'}")
+            f"dense all-reduce: {layout['dense'] or '-'}{lib}")
 
 
 def _span(xs) -> str:
