@@ -116,6 +116,7 @@ def init(num_ps: int | None = None, comm: MPI.Comm | None = None, *,
         raise ValueError(f"ranks disagree on (num_ps, transport, mode, ps_layout, deterministic): {sorted(set(seen))}")
     if abort_on_error:
         abort_on_uncaught(world)
+    _malloc.keep_pages()            # a pull's result keeps its pages (hpcps.core.malloc)
     return Context(world, num_ps, transport, mode, wait, rma_read, ps_layout, deterministic)
 
 

@@ -7,7 +7,10 @@ Per worker it times, on the same pre-drawn batches of random ids:
   local_gather    np.take from a private array of the same size   (the limit for pull)
   local_index_add torch.index_add_ into a private tensor             (the reference for push)
   two_sided       send ids to the PS, the PS gathers and sends rows back
-  hpcps_auto      hpcps pull/push, same-node shards through shared memory
+  hpcps_auto      hpcps pull/push, same-node shards through shared memory, after one pass over
+                  every page of the table (warm)
+  hpcps_cold      hpcps pull of a table made just before, nothing of it read first (cold): the
+                  first timed batch is the program's first pull of it
   hpcps_rma       hpcps pull/push forced onto RMA (the cross-node path),
                   reads by MPI_Get_accumulate(NO_OP) (the default) and by MPI_Get
   hpcps_dynamic   a DynamicEmbeddingTable of the same ids (all stored): pulls, and sync steps
@@ -45,8 +48,9 @@ def rss_bytes() -> int:
     return 0
 
 
-def timed(fn, batches, reps=1, label=""):
-    fn(batches[0])                                             # warm
+def timed(fn, batches, reps=1, label="", warm=True):
+    if warm:
+        fn(batches[0])                                         # warm
     t0 = time.perf_counter()
     for _ in range(reps):
         for ids in batches:
@@ -116,6 +120,8 @@ def main():
     rss1 = rss_bytes()
     rma = hpcps.EmbeddingTable(ctx, "bench-rma", N, D, optimizer=hpcps.optim.SGD(lr=0.1), transport="rma")
     rma_get = hpcps.EmbeddingTable(ctx, "bench-rma-get", N, D, transport="rma", rma_read="get")
+    # cold: nothing of it read before its timed pulls (no pass over its pages, no untimed first batch)
+    cold = hpcps.EmbeddingTable(ctx, "bench-cold", N, D, optimizer=hpcps.optim.SGD(lr=0.1), transport="auto")
     # capacity with headroom: ids spread over the PS ranks by a hash, not evenly
     dyn = hpcps.DynamicEmbeddingTable(ctx, "bench-dyn", D, N + N // 4, optimizer=hpcps.optim.SGD(lr=0.1))
     if ctx.is_ps:
@@ -126,6 +132,8 @@ def main():
         res["dynamic_bytes_per_row"] = dyn.held_bytes() / max(dyn.shard.index.size, 1)
         res["fixed_bytes_per_row"] = auto.held_bytes() / auto.shard().shape[0]
     else:
+        ctx.worker_comm.Barrier()
+        res["hpcps_cold_pull"] = timed(cold.pull, batches, warm=False)
         for t in (auto, rma, rma_get):                         # map every page once
             for s in range(0, N, 1 << 16):
                 t.pull(np.arange(s, min(N, s + (1 << 16))))
@@ -196,6 +204,8 @@ def main():
     rates = [k for k in mean if k not in ("worker_window_bytes", "dynamic_pull_ratio", "dynamic_step_ratio",
                                           "dynamic_push_ratio")]
     report = {
+        "mpi": {"library": MPI.get_vendor()[0], "version": ".".join(map(str, MPI.get_vendor()[1])),
+                "windows": ctx.window_kind},
         "config": {"rows": N, "dim": D, "batch": B, "iters": args.iters, "num_ps": ctx.num_ps,
                    "num_workers": ctx.num_workers, "mpi": MPI.Get_library_version().splitlines()[0].strip(),
                    "host": platform.node(), "cpus": os.cpu_count(), "hpcps": hpcps.__version__},
@@ -203,6 +213,7 @@ def main():
         "per_worker_gb_per_s": {k: v * row_gb for k, v in mean.items() if k in rates},
         "ratios": {
             "pull_vs_local_gather": mean["hpcps_auto_pull"] / mean["local_gather"],
+            "pull_cold_vs_local_gather": mean["hpcps_cold_pull"] / mean["local_gather"],
             "pull_vs_two_sided": mean["hpcps_auto_pull"] / mean["two_sided_pull"],
             "push_vs_local_index_add": mean["hpcps_auto_push"] / mean["local_index_add"],
             "rma_pull_vs_two_sided": mean["hpcps_rma_pull"] / mean["two_sided_pull"],
@@ -211,7 +222,8 @@ def main():
             "dynamic_sync_step_vs_fixed": mean["dynamic_step_ratio"],
             "dynamic_push_in_step_vs_fixed": mean["dynamic_push_ratio"],
         },
-        "targets": {"pull_vs_local_gather": 0.8, "pull_vs_two_sided": 1.5, "push_vs_local_index_add": 0.5,
+        "targets": {"pull_vs_local_gather": 0.8, "pull_cold_vs_local_gather": 0.8, "pull_vs_two_sided": 1.5,
+                    "push_vs_local_index_add": 0.5,
                     "dynamic_pull_vs_fixed": 0.5, "dynamic_sync_step_vs_fixed": 0.5,
                     "dynamic_push_in_step_vs_fixed": 0.5},
         "memory": {"ps_table_bytes": ps[0]["ps_table_bytes"], "ps_rss_growth_bytes": ps[0]["ps_rss_growth_bytes"],
@@ -219,7 +231,8 @@ def main():
                    "worker_window_bytes": int(mean["worker_window_bytes"]), **per_row,
                    "dynamic_vs_fixed_bytes_per_row": per_row["dynamic_bytes_per_row"] / per_row["fixed_bytes_per_row"]},
     }
-    print(f"sparse bench: {N} x {D} table, batch {B}, {ctx.num_ps} PS, {ctx.num_workers} worker(s), per worker")
+    print(f"sparse bench: {N} x {D} table, batch {B}, {ctx.num_ps} PS, {ctx.num_workers} worker(s), per worker; "
+          f"{report['mpi']['library']} {report['mpi']['version']} (windows {ctx.window_kind})")
     for k, v in report["per_worker_mrows_per_s"].items():
         print(f"  {k:22s} {v:8.2f} M rows/s  {report['per_worker_gb_per_s'][k]:6.2f} GB/s")
     for k, v in report["ratios"].items():

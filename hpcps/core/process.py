@@ -1,4 +1,4 @@
-"""What a process sets before MPI starts: the MPI thread level, glibc's tcache, and the settings
+"""What a process sets before MPI starts: the MPI thread level, glibc's heap, and the settings
 hpcps gives the MPI library.
 
 ``hpcps train`` calls :func:`prepare_process` from the command, with the values of
@@ -13,8 +13,8 @@ call with a global lock and yields the CPU (``sched_yield``) while it progresses
 flush or atomic, which on a node with more ranks than CPUs made such calls wait for other
 ranks' time slices (a fetch-and-add + flush: median 186 us against 17 us under
 SERIALIZED, 4 ranks on 2 CPUs). Only the pipeline's communication thread calls MPI off
-the main thread: ``multiple`` enables it. Why the tcache: ``hpcps.core.malloc``. MPI
-settings: :func:`mpi_settings`.
+the main thread: ``multiple`` enables it. Why the tcache and the heap's thresholds:
+``hpcps.core.malloc``. MPI settings: :func:`mpi_settings`.
 """
 
 import os
@@ -49,8 +49,9 @@ def prepare_process(thread_level: str | None = "serialized", malloc_tune: bool =
 
     thread_level: one of ``hpcps.core.settings.THREAD_LEVELS``, or None to leave mpi4py's
         choice. ``MPI4PY_RC_THREAD_LEVEL`` in the environment wins, as in mpi4py.
-    malloc_tune: keep the workers' heap from fragmenting (``hpcps.core.malloc``); False
-        leaves the allocator alone (no restart, no trim).
+    malloc_tune: keep the workers' heap from fragmenting and a freed block's pages in the
+        process (``hpcps.core.malloc``); False leaves the allocator alone (no restart, no trim,
+        glibc's moving thresholds).
     restart: where this process runs ``hpcps train``, start it again at once with
         glibc's tcache off (``hpcps.core.malloc.restart_without_tcache``; glibc reads
         its tunables only at start). Does nothing once MPI has started.
@@ -63,6 +64,7 @@ def prepare_process(thread_level: str | None = "serialized", malloc_tune: bool =
     if thread_level is not None and thread_level not in THREAD_LEVELS:
         raise ValueError(f"thread level (job.mpi_threads) must be one of {THREAD_LEVELS}, got {thread_level!r}")
     malloc.set_tuning(malloc_tune)
+    malloc.keep_pages()
     if "mpi4py.MPI" in sys.modules:
         return "already started"
     os.environ.update(mpi_settings())

@@ -24,6 +24,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..core.ids import initial_rows
+from ..core.malloc import map_pages
 from ..core.optimizers import SparseOptimizer, new_state
 from ..core.sharding import logical_tables, make_sharding
 from ..core.window import Window
@@ -43,6 +44,7 @@ __all__ = ["EmbeddingTable", "TableStats"]
 logger = logging.getLogger(__name__)
 
 _INIT_CHUNK_ROWS = 1 << 14
+_MAP_NOW_BYTES = 1 << 30        # a worker maps the node's shards of a table up to this size at once (~0.3 s a GB)
 
 
 @dataclass
@@ -196,6 +198,10 @@ class EmbeddingTable(Checkpointable):
         rows = [self.sharding.shard_rows(p) for p in range(ctx.num_ps)]
         self.row_views = self.rows.map_shared(near, [n * self.dim for n in rows], np.float32, self.dim)
         mapped = [r if v is not None else None for r, v in zip(near, self.row_views)]
+        if sum(v.nbytes for v in self.row_views if v is not None) <= _MAP_NOW_BYTES:
+            for v in self.row_views:            # no page-by-page faults in the first pulls (hpcps.core.malloc)
+                if v is not None:
+                    map_pages(v)
         if self.half is not None:
             self.half.map(near, [n * self.dim for n in rows])
         if self.dirty is not None and not self.stateful:
