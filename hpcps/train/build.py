@@ -10,6 +10,7 @@ from mpi4py import MPI
 from ..config import Config, build_sparse_optimizer, resolve_switch
 from ..core.optimizers import LRSchedule
 from ..core.settings import parse_mode
+from ..dense.optim import make_dense_optimizer
 from ..models import DLRM, MatrixFactorization
 from ..sparse import EmbeddingTable
 from ..sparse.dynamic import DynamicEmbeddingTable
@@ -89,25 +90,22 @@ def dense_schedule(sec, steps: int) -> LRSchedule:
                       gamma=sec.gamma, total_steps=max(steps, 1), min_factor=sec.min_factor)
 
 
-def dense_optimizer(sec, params) -> torch.optim.Optimizer:
-    """The torch optimizer of ``[optimizer.dense]``: torch's fused kernel (one call for every
-    parameter) where torch has one for the parameters' device, else the plain one. Local."""
+def dense_optimizer(sec, params):
+    """The optimizer of ``[optimizer.dense]``: torch's fused kernel (one call for every parameter),
+    called without ``torch.optim``'s wrappers where torch has one for the parameters' device
+    (``hpcps.dense.optim``), else the ``torch.optim`` one. Local."""
     name = sec.name.lower()
     if name in ("sgd", "momentum"):
         m = sec.momentum or (0.9 if name == "momentum" else 0.0)
-        cls, kw = torch.optim.SGD, dict(lr=sec.lr, momentum=m, weight_decay=sec.weight_decay)
+        kind, kw = "sgd", dict(lr=sec.lr, momentum=m, weight_decay=sec.weight_decay)
     elif name == "adagrad":
-        cls, kw = torch.optim.Adagrad, dict(lr=sec.lr, weight_decay=sec.weight_decay, eps=sec.eps or 1e-10)
+        kind, kw = "adagrad", dict(lr=sec.lr, weight_decay=sec.weight_decay, eps=sec.eps or 1e-10)
     elif name == "adam":
-        cls, kw = torch.optim.Adam, dict(lr=sec.lr, betas=(sec.beta1, sec.beta2), eps=sec.eps or 1e-8,
-                                         weight_decay=sec.weight_decay)
+        kind, kw = "adam", dict(lr=sec.lr, betas=(sec.beta1, sec.beta2), eps=sec.eps or 1e-8,
+                                weight_decay=sec.weight_decay)
     else:
         raise ValueError(f"config: optimizer.dense.name = {sec.name!r}: must be sgd, momentum, adagrad or adam")
-    params = list(params)
-    try:
-        return cls(params, fused=True, **kw)
-    except (RuntimeError, ValueError):         # no fused kernel for this device or dtype
-        return cls(params, **kw)
+    return make_dense_optimizer(kind, params, **kw)
 
 
 def build_model(cfg: Config, embeddings, data) -> torch.nn.Module:
