@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from hpcps.checkpoint import store
-from mpirun import ROOT, launch_mpi, rank_pid, reap, run_mpi
+from mpirun import ROOT, launch_mpi, rank_pid, reap, run_mpi, train_many
 
 TINY = ROOT / "tests" / "configs" / "tiny_ctr.toml"
 BASE = ["optimizer.sparse.name=adam", "optimizer.sparse.lr=0.05", "metrics.progress=false"]
@@ -49,14 +49,12 @@ def _same(a, b):
 def straight(tmp_path_factory):
     """The uninterrupted 30-step runs the restarted ones must match (adam; momentum)."""
     d = tmp_path_factory.mktemp("straight")
-    out = {}
-    for opt in ("adam", "momentum"):
-        _train(4, [f"optimizer.sparse.name={opt}", f"job.export={d / opt}.npz"])
-        out[opt] = d / f"{opt}.npz"
-    return out
+    train_many(4, {opt: ["--config", TINY, "--set", *BASE, f"optimizer.sparse.name={opt}", f"job.export={d / opt}.npz"]
+                   for opt in ("adam", "momentum")})
+    return {opt: d / f"{opt}.npz" for opt in ("adam", "momentum")}
 
 
-@pytest.mark.parametrize("opt,first,second,fuse,sharding", [
+HALVES = [
     ("adam", (5, 2), (6, 3), ("true", "true"), ("modulo", "modulo")),           # 2 PS -> 3 PS
     # 3 PS -> 1 PS (momentum buffers and first-step flags move too)
     ("momentum", (5, 3), (3, 1), ("true", "true"), ("modulo", "modulo")),
@@ -66,21 +64,46 @@ def straight(tmp_path_factory):
     # contiguous ranges: 2 PS -> 3 PS under ranges, and ranges over 3 PS -> modulo over 2
     ("adam", (5, 2), (6, 3), ("true", "true"), ("range", "range")),
     ("momentum", (6, 3), (5, 2), ("true", "false"), ("range", "modulo")),
-])
-def test_half_then_restart_equals_straight(tmp_path, straight, opt, first, second, fuse, sharding):
-    ck = tmp_path / "ck"
-    sets = [f"optimizer.sparse.name={opt}", f"checkpoint.dir={ck}"]
-    r = _train(first[0], sets + [f"job.num_ps={first[1]}", "job.steps=15", f"model.fuse_tables={fuse[0]}",
-                                 f"model.sharding={sharding[0]}"])
-    assert _final(r.stdout)["checkpoints"] == [15] and _final(r.stdout)["sharding"] == sharding[0]
+]
+
+
+@pytest.fixture(scope="module")
+def halves(tmp_path_factory):
+    """Each case of HALVES: 15 steps that checkpoint, then a restart with other ranks to step 30.
+    The first halves run in one launch per rank count, then the second halves likewise
+    (tests/programs/train_many.py). ``(dir, finals, stderr)``: case ``i`` checkpoints in
+    ``dir / f"ck{i}"`` and exports ``dir / f"w{i}.npz"``; ``finals[(i, half)]``."""
+    d = tmp_path_factory.mktemp("halves")
+    finals, stderr = {}, []
+    for half in (0, 1):
+        groups = {}
+        for i, (opt, first, second, fuse, sharding) in enumerate(HALVES):
+            n, ps = (first, second)[half]
+            sets = [f"optimizer.sparse.name={opt}", f"checkpoint.dir={d / f'ck{i}'}", f"job.num_ps={ps}",
+                    f"model.fuse_tables={fuse[half]}", f"model.sharding={sharding[half]}"]
+            sets += ["job.steps=15"] if half == 0 else [f"job.export={d / f'w{i}.npz'}"]
+            groups.setdefault(n, {})[str(i)] = ["--config", TINY, "--set", *BASE, *sets]
+        for n, runs in groups.items():
+            got = train_many(n, runs, timeout=400)
+            finals.update({(int(i), half): got[i][0] for i in runs})
+            stderr.append(got[None])
+    return d, finals, "".join(stderr)
+
+
+@pytest.mark.parametrize("case", range(len(HALVES)), ids=lambda i: "-".join(
+    [HALVES[i][0], *(f"{n}r{p}ps" for n, p in HALVES[i][1:3]), *HALVES[i][4]] + (["fuse" if HALVES[i][3][0] == "true" else "split"])))
+def test_half_then_restart_equals_straight(halves, straight, case):
+    d, finals, stderr = halves
+    opt, first, second, fuse, sharding = HALVES[case]
+    ck = d / f"ck{case}"
+    f = finals[(case, 0)]
+    assert f["checkpoints"] == [15] and f["sharding"] == sharding[0]
     assert store.read_manifest(ck / "step-000000015")["sharding"] == sharding[0]
-    r = _train(second[0], sets + [f"job.num_ps={second[1]}", f"job.export={tmp_path / 'w.npz'}",
-                                  f"model.fuse_tables={fuse[1]}", f"model.sharding={sharding[1]}"])
-    f = _final(r.stdout)
+    f = finals[(case, 1)]
     assert f["start_step"] == 15 and f["steps"] == 30 and f["num_ps"] == second[1]
-    assert "resuming from" in r.stderr and "step-000000015" in r.stderr
+    assert f["restored_from"] == "pfs" and f"resuming from {ck}/step-000000015" in stderr
     # the straight run has 3 workers: bit-equal when the restart has them too, whatever the PS
-    (_same if second[0] - second[1] == 3 else _close)(tmp_path / "w.npz", straight[opt])
+    (_same if second[0] - second[1] == 3 else _close)(d / f"w{case}.npz", straight[opt])
 
 
 def _start_and_wait_for_a_checkpoint(tmp_path, tag, every, delay):

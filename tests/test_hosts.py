@@ -17,7 +17,7 @@ import pytest
 from hpcps.checkpoint import store
 from hpcps.config import load_config
 from hpcps.reference import train_reference
-from mpirun import CLUSTER, ROOT, launch_mpi, reap, run_mpi
+from mpirun import CLUSTER, ROOT, launch_mpi, reap, run_mpi, train_many
 
 TINY = ROOT / "tests" / "configs" / "tiny_ctr.toml"
 
@@ -98,14 +98,27 @@ OPTIMIZERS = [["optimizer.sparse.name=sgd", "optimizer.sparse.lr=0.2"],
               ["optimizer.sparse.name=adam", "optimizer.sparse.lr=0.05"]]
 
 
+@pytest.fixture(scope="module")
+def ps_on_another_host(tmp_path_factory):
+    """Every optimizer of OPTIMIZERS trained with its PS on the other host, in one launch
+    (tests/programs/train_many.py); ``(dir, finals)``, the exports as ``dir / f"{name}.npz"``."""
+    d = tmp_path_factory.mktemp("across")
+    runs = {o[0].split("=")[1]: ["--config", TINY, "--set", *o, "job.ps_layout=last",
+                                 f"job.export={d / o[0].split('=')[1]}.npz"] for o in OPTIMIZERS}
+    got = train_many(3, runs, hosts="h0:2,h1:1", timeout=400)
+    return d, {name: got[name][0] for name in runs}
+
+
 @pytest.mark.parametrize("opt", OPTIMIZERS, ids=lambda o: o[0].split("=")[1])
-def test_sync_with_the_ps_on_another_host_equals_one_process(tmp_path, opt):
-    sets = opt + ["job.ps_layout=last", f"job.export={tmp_path / 'w.npz'}"]
-    f = _final(_train(3, "h0:2,h1:1", sets).stdout)
+def test_sync_with_the_ps_on_another_host_equals_one_process(ps_on_another_host, opt):
+    d, finals = ps_on_another_host
+    name = opt[0].split("=")[1]
+    sets = opt + ["job.ps_layout=last"]
+    f = finals[name]
     lay = f["layout"]
     assert lay["hosts"] == 2 and lay["ps_per_host"] == [0, 1] and lay["ranks_per_host"] == [2, 1]
     assert all(w["shm_ps"] == [] and w["rma_ps"] == [0] for w in lay["workers"])
-    _assert_close_to_reference(tmp_path / "w.npz", sets)
+    _assert_close_to_reference(d / f"{name}.npz", sets)
 
 
 def test_ps_and_workers_spread_over_hosts_with_the_dense_all_reduce_across_them(tmp_path):
