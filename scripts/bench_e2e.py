@@ -1,6 +1,8 @@
 """End-to-end training throughput with its baselines measured in the same run, same data.
 
     .venv/bin/python scripts/bench_e2e.py [--steps 300] [--ranks 4] [--repeat 1] [--out results/bench_e2e.json]
+    HPCPS_MPI=openmpi .venv/bin/python scripts/bench_e2e.py     (the hpcps runs on Open MPI: scripts/run's
+                                                                 set-up and exports for it)
 
 The DLRM job of examples/ctr.toml (8 tables, Adagrad on the sparse side, sync mode), for
 --steps global batches of 1024, timed after --warmup steps:
@@ -41,7 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from mpirun import run_mpi  # noqa: E402
+from mpirun import launched_mpi, run_mpi, using_mpi  # noqa: E402
 
 from hpcps.core import malloc as _malloc  # noqa: E402
 
@@ -76,7 +78,7 @@ def bench_hpcps(config, steps, warmup, ranks, tmp, extra=(), env=None, hosts=Non
                                        for r in after]),
             "phase_ms": {k: _median([1e3 * r["time_breakdown_s"][k] / (r["step"] - prev[r["step"]]) for r in after])
                          for k in records[-1]["time_breakdown_s"]},
-            "layout": full.get("layout")}
+            "layout": full.get("layout"), "mpi": launched_mpi(full)}
 
 
 def _median(xs):
@@ -164,7 +166,7 @@ def main():
         "single_process": lambda tmp: bench_single_process(a.config, a.steps, a.warmup),
         "single_process_tcache_off": lambda tmp: bench_single_process(a.config, a.steps, a.warmup, TCACHE_OFF)}
     runs = {k: [] for k in contenders}
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, using_mpi(os.environ.get("HPCPS_MPI")):
         order = list(contenders)
         for r in range(a.repeat):              # rounds interleave the contenders: drift hits all alike,
             for k in order[r % len(order):] + order[:r % len(order)]:   # each round starts one later
@@ -176,7 +178,8 @@ def main():
     h, r, on, off = (res[k]["samples_per_s"] for k in ("hpcps", "torch_rpc", "hpcps_pipeline_on", "hpcps_no_prefetch"))
     yardstick = max(("single_process", "single_process_tcache_off"), key=lambda k: res[k]["samples_per_s"])
     s = res[yardstick]["samples_per_s"]
-    report = {"config": {"file": a.config, "steps": a.steps, "warmup": a.warmup, "ranks": a.ranks, "cpus": cores,
+    report = {"mpi": res["hpcps"]["mpi"],
+              "config": {"file": a.config, "steps": a.steps, "warmup": a.warmup, "ranks": a.ranks, "cpus": cores,
                          "transport": a.transport, "repeat": a.repeat,
                          "cores_used": used, "oversubscribed": a.ranks > cores},
               "results": res,
@@ -185,7 +188,8 @@ def main():
               "pipeline_on_vs_off": on / off,
               "targets": {"hpcps_vs_torch_rpc": 2.0, "hpcps_per_core_vs_single_process": 0.8}}
     print(f"end-to-end, {a.ranks} ranks (1 PS + {a.ranks - 1} workers) on {cores} CPUs"
-          f"{' (oversubscribed)' if a.ranks > cores else ''}, {a.steps - a.warmup} timed steps:")
+          f"{' (oversubscribed)' if a.ranks > cores else ''}, {a.steps - a.warmup} timed steps, "
+          f"{report['mpi']['library']} {report['mpi']['version']}:")
     for k, v in res.items():
         each = ", ".join(f"{x:.0f}" for x in v["runs_samples_per_s"]) if a.repeat > 1 else ""
         print(f"  {k:18s} {v['samples_per_s']:10.0f} samples/s{f'  (median of {each})' if each else ''}")

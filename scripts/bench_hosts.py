@@ -1,6 +1,7 @@
 """Crossing hosts: the main job with the same ranks and CPUs on one pretend host and across two.
 
     .venv/bin/python scripts/bench_hosts.py [--steps 300] [--repeat 2] [--out results/bench_hosts.json]
+    HPCPS_MPI=openmpi .venv/bin/python scripts/bench_hosts.py     (launched by Open MPI's prterun)
 
 Needs root: it makes pretend hosts h0 and h1 (scripts/cluster.sh, cluster "bh") and removes them
 after. Every run has 3 ranks, 1 PS + 2 workers, and this machine's CPUs in all; the DLRM job of
@@ -34,7 +35,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_e2e import _median, bench_hpcps  # noqa: E402
-from mpirun import CLUSTER, mpi_env, run_mpi  # noqa: E402
+from mpirun import CLUSTER, mpi_env, run_mpi, using_mpi  # noqa: E402
 
 NAME = "bh"
 PING = """
@@ -86,6 +87,11 @@ def run_one(name, args, tmp):
 
 
 def main():
+    with using_mpi(os.environ.get("HPCPS_MPI")):        # HPCPS_MPI=openmpi: launches by Open MPI's prterun
+        _main()
+
+
+def _main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default=str(ROOT / "examples" / "ctr.toml"))
     ap.add_argument("--steps", type=int, default=300)
@@ -113,6 +119,7 @@ def main():
     res = {n: min(v, key=lambda x: abs(x["samples_per_s"] - _median([y["samples_per_s"] for y in v])))
            for n, v in runs.items()}
     rate = {n: res[n]["samples_per_s"] for n in names}
+    res["mpi"] = next((res[n]["mpi"] for n in names if "mpi" in res[n]), None)
     ratios = {"across_vs_one_host": ("across", "one_host"), "across_shared_vs_one_host": ("across_shared", "one_host"),
               "across_vs_rpc_across": ("across", "rpc_across"),
               "one_host_dynamic_vs_fixed": ("one_host_dynamic", "one_host"),
@@ -127,6 +134,8 @@ def main():
             "bytes_per_step_per_worker": res["across"]["bytes_per_step"],
             "wire_ms_per_step": 1e3 * 2 * res["across"]["bytes_per_step"] / (ping["bandwidth_mb_s"] * 1e6),
             "step_ms": 1e3 * 1024 / rate["across"]}
+    if res["mpi"]:
+        print(f"MPI: {res['mpi']['library']} {res['mpi']['version']}")
     for n in names:
         x = res[n]
         extra = (f"  pull {x['pull_ms']:.2f} ms  push {x['push_ms']:.2f} ms  per step: "

@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from mpirun import launch_mpi, reap, run_mpi  # noqa: E402
+from mpirun import kill_launch, launch_mpi, reap, run_mpi  # noqa: E402
 
 from hpcps.checkpoint import store  # noqa: E402
 
@@ -50,7 +50,7 @@ def main():
         while time.time() - t0 < 60 and not list(ck.glob("step-*")):
             time.sleep(0.02)
         time.sleep(rng.uniform(0.0, 1.0))
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill_launch(proc)
         reap(proc)
         res["trials"] += 1
         res["corrupt_committed"] += sum(not store.verify(p)[0] for p in store.list_checkpoints(ck))

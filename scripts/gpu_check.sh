@@ -16,7 +16,7 @@ if [[ $ngpu -lt 1 ]]; then echo "no GPU: nothing to check here" >&2; exit 1; fi
 export OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
 echo "== DenseSync over NCCL ($ngpu worker(s))"
 timeout 180 $mpiexec -n "$ngpu" $py -m pytest --with-mpi -q -p no:cacheprovider \
-  tests/parallel/test_dense_parallel.py -k nccl -rA
+  tests/parallel/test_dense.py -k nccl -rA
 echo "== hpcps train with model.device=cuda (1 PS + $ngpu worker(s)), dense all-reduce over NCCL"
 out=$(mktemp -d)
 timeout 240 $mpiexec -n $((ngpu + 1)) $py -m mpi4py -m hpcps train --config tests/configs/tiny_ctr.toml \

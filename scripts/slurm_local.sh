@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A real Slurm (slurmctld + slurmd) for tests and demos, in a directory of its own.
 #
-#   scripts/slurm_local.sh start     install Debian's slurmctld/slurmd/slurm-client if missing
+#   scripts/slurm_local.sh start     install Debian's slurmctld/slurmd/slurm-client/libpmix-dev if missing
 #                                    (root), write the config, start the daemons, wait until the
 #                                    nodes are idle
 #   scripts/slurm_local.sh start --cluster
@@ -42,16 +42,20 @@ nodes() {   # "NAME ADDRESS" per node
 ctl_node() { nodes | head -1 | cut -d' ' -f1; }
 
 install() {
-    if command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v sbatch >/dev/null; then
+    if command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v sbatch >/dev/null \
+        && dpkg -s libpmix-dev >/dev/null 2>&1; then
         return
     fi
     if [ "$(id -u)" != 0 ]; then
-        say "slurmctld/slurmd/slurm-client are missing and installing them needs root"; exit 1
+        say "slurmctld/slurmd/slurm-client/libpmix-dev are missing and installing them needs root"; exit 1
     fi
-    say "installing slurmctld slurmd slurm-client (Debian packages)"
+    # libpmix-dev: Slurm's mpi/pmix plugin opens libpmix.so, which libpmix2 alone does not provide
+    # ("mpi/pmix_v4: can not load PMIx library"); Open MPI 5 starts under srun --mpi=pmix only
+    local pkgs=(slurmctld slurmd slurm-client libpmix-dev)
+    say "installing ${pkgs[*]} (Debian packages)"
     export DEBIAN_FRONTEND=noninteractive
-    apt-get install -y -q slurmctld slurmd slurm-client >"$DIR/apt.log" 2>&1 \
-        || { apt-get update -q >>"$DIR/apt.log" 2>&1 && apt-get install -y -q slurmctld slurmd slurm-client >>"$DIR/apt.log" 2>&1; } \
+    apt-get install -y -q "${pkgs[@]}" >"$DIR/apt.log" 2>&1 \
+        || { apt-get update -q >>"$DIR/apt.log" 2>&1 && apt-get install -y -q "${pkgs[@]}" >>"$DIR/apt.log" 2>&1; } \
         || { tail -20 "$DIR/apt.log" >&2; say "apt-get failed (log: $DIR/apt.log)"; exit 1; }
     # the packages may have started system daemons on the default ports; ours use their own
 }
@@ -104,6 +108,10 @@ EOF
         echo "NodeName=$name NodeAddr=$addr CPUs=$CPUS RealMemory=1000 State=UNKNOWN" >>"$CONF"
     done < <(nodes)
     echo "PartitionName=local Nodes=$names Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES" >>"$CONF"
+    # srun --mpi=pmix makes a directory per job step named by uid, job and step in this base
+    # (/tmp by default): pretend hosts share /tmp, and the second node's step failed on "File exists".
+    # Each host's /dev/shm is its own (scripts/cluster.sh)
+    echo "PMIxCliTmpDirBase=/dev/shm" >"$(dirname "$CONF")/mpi.conf"
 }
 
 alive() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }

@@ -114,6 +114,36 @@ def mpi_env(extra=None) -> dict:
     return env
 
 
+def session_pids(sid: int) -> list[int]:
+    """The processes of session ``sid`` (``/proc/PID/stat``'s sixth field)."""
+    pids = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                stat = open(f"/proc/{d}/stat").read()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[3]) == sid:
+                pids.append(int(d))
+    return pids
+
+
+def kill_launch(proc: subprocess.Popen) -> None:
+    """SIGKILL every process of a launch started with ``start_new_session``: its process group, and
+    the rest of its session, since Open MPI's prterun puts each rank in a process group of its own
+    (its ranks outlived a kill of the launcher's group, still holding the checkpoint lock). MPICH's
+    ranks die with their hydra proxy."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    for pid in session_pids(proc.pid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def run_mpi(n: int, argv, timeout: float = 120, env=None, mpi4py_run: bool = True,
             check: bool = True, preexec=None, hosts: str | None = None) -> subprocess.CompletedProcess:
     """Run ``mpiexec -n n python [-m mpi4py] argv...`` (on pretend ``hosts``: see ``launcher``);
@@ -133,14 +163,11 @@ def run_mpi(n: int, argv, timeout: float = 120, env=None, mpi4py_run: bool = Tru
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill_launch(proc)
         out, err = proc.communicate()
         raise AssertionError(f"timed out after {timeout}s: {' '.join(cmd)}\n--- stdout\n{out}\n--- stderr\n{err}")
     finally:
-        try:                        # nothing of this launch may outlive it
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        kill_launch(proc)           # nothing of this launch may outlive it
         if proc.returncode != 0:    # nor its shared memory, when it was killed or aborted
             clean_shm(started)
     result = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
@@ -244,12 +271,9 @@ def reap(proc: subprocess.Popen, timeout: float = 60):
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill_launch(proc)
         out, err = proc.communicate()
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    kill_launch(proc)
     if proc.returncode != 0 and hasattr(proc, "started_at"):
         clean_shm(proc.started_at)
     return proc.returncode, out, err

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from hpcps.checkpoint import store
-from mpirun import ROOT, launch_mpi, rank_pid, reap, run_mpi, train_many
+from mpirun import ROOT, kill_launch, launch_mpi, rank_pid, reap, run_mpi, train_many
 
 TINY = ROOT / "tests" / "configs" / "tiny_ctr.toml"
 BASE = ["optimizer.sparse.name=adam", "optimizer.sparse.lr=0.05", "metrics.progress=false"]
@@ -130,7 +130,7 @@ def test_kill_9_during_checkpoint_writes_never_leaves_a_corrupt_checkpoint(tmp_p
         while time.time() - t0 < 60 and not list(ck.glob("step-*")):
             time.sleep(0.02)
         time.sleep(rng.uniform(0.0, 1.0))
-        os.killpg(proc.pid, signal.SIGKILL)                  # every rank at once, mid-write or not
+        kill_launch(proc)                                    # every rank at once, mid-write or not
         reap(proc)
         for p in store.list_checkpoints(ck):                 # every committed checkpoint verifies
             assert store.verify(p) == (True, "ok"), p

@@ -151,6 +151,14 @@ def _pids_on(host: str) -> list[int]:
     return mine
 
 
+def _assert_ended_unfinished(code: int, out: str, export: Path) -> None:
+    """A launch that lost a host did not finish: no final line, no export, and (MPICH) a non-zero
+    exit. Open MPI 5.0.11's prterun exited 0 when every process of a host was killed (it said "A
+    daemon failed to report back"), so under Open MPI the exit code is not a sign."""
+    assert '"final"' not in out and not export.exists(), out[-3000:]
+    assert code != 0 or os.environ.get("HPCPS_MPI") == "openmpi", out[-3000:]
+
+
 def _kill_all(pids) -> None:
     """SIGKILL each of ``pids``; one that exited meanwhile (a launcher whose ranks just died) is
     gone already, as wanted."""
@@ -178,7 +186,7 @@ def test_a_host_lost_then_a_restart_on_fewer_hosts_equals_a_straight_run(tmp_pat
     assert victims
     _kill_all(victims)
     code, out, err = reap(proc, timeout=120)
-    assert code != 0 and not (tmp_path / "w.npz").exists(), out + err
+    _assert_ended_unfinished(code, out + err, tmp_path / "w.npz")
     manifests = [store.read_manifest(c) for c in store.list_checkpoints(ck)]
     assert {m["num_ps"] for m in manifests} == {2}
     r = _train(3, "h0:1,h1:2", sets[:-1] + ["job.num_ps=1"])
@@ -259,7 +267,7 @@ def test_a_host_lost_with_its_local_files_restarts_from_partner_copies_bit_equal
         time.sleep(0.05)
     _kill_all(_pids_on("h1"))
     code, so, _ = reap(proc, timeout=120)
-    assert code != 0 and not out.exists(), so[-3000:]
+    _assert_ended_unfinished(code, so, out)
     shutil.rmtree(_host_local_dir("h1", name))                   # h1's node-local files are gone
     held = {s for p in _host_local_dir("h0", name).glob("step-*.r*[0-9]") for s in store.read_manifest(p)["shards"]}
     assert held == {0, 1}                                        # its own shard and h1's PS's partner copy

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from hpcps.checkpoint import store
-from mpirun import ROOT
+from mpirun import ROOT, mpiexec
 from slurmjob import SETS, TINY, Slurm, steps_done
 
 
@@ -41,7 +41,7 @@ def test_past_the_restart_limit_it_stops_requeueing_and_says_why(slurm, tmp_path
     # the launcher inside the allocation is the MPI's own mpiexec here (srun in the others)
     ck, log, metrics = tmp_path / "ck", tmp_path / "job.log", tmp_path / "m.jsonl"
     env = slurm.job_env(ck, HPCPS_STEP_DELAY=0.3, HPCPS_MAX_RESTARTS=0, HPCPS_LAUNCH="mpiexec",
-                   PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+                        PATH=f"{Path(mpiexec()).parent}:{os.environ['PATH']}")
     job = slurm.sbatch(env, log, ["--time=10"], ["job.steps=1000", f"metrics.path={metrics}", "job.log_every=1"])
     slurm.wait(job, 180, until=lambda info: steps_done(metrics) >= 3)
     # what Slurm does at the --signal time, now: USR1 to the batch shell only
