@@ -90,6 +90,7 @@ def halves(tmp_path_factory):
     return d, finals, "".join(stderr)
 
 
+@pytest.mark.openmpi
 @pytest.mark.parametrize("case", range(len(HALVES)), ids=lambda i: "-".join(
     [HALVES[i][0], *(f"{n}r{p}ps" for n, p in HALVES[i][1:3]), *HALVES[i][4]] + (["fuse" if HALVES[i][3][0] == "true" else "split"])))
 def test_half_then_restart_equals_straight(halves, straight, case):
@@ -118,6 +119,7 @@ def _start_and_wait_for_a_checkpoint(tmp_path, tag, every, delay):
     return argv, proc, ck
 
 
+@pytest.mark.openmpi
 def test_kill_9_during_checkpoint_writes_never_leaves_a_corrupt_checkpoint(tmp_path):
     ck = tmp_path / "ck"
     argv = ["-m", "hpcps", "train", "--config", TINY, "--set", *BASE, f"checkpoint.dir={ck}",
@@ -182,6 +184,7 @@ def test_disk_full_is_a_clear_error_and_keeps_the_previous_checkpoint(tmp_path):
         subprocess.run(["umount", "-l", str(ck)], check=False)
 
 
+@pytest.mark.openmpi
 @pytest.mark.parametrize("how", ["sigusr1", "stop-file"])
 def test_stop_request_checkpoints_and_exits_85(tmp_path, straight, how):
     tag = f"stop-{how}-{os.getpid()}"
@@ -334,6 +337,7 @@ def test_kill_9_mid_epoch_then_fewer_workers_reads_every_line_exactly_once(tmp_p
     assert sorted(seen) == list(range(1200))
 
 
+@pytest.mark.openmpi
 def test_node_local_level_restarts_bit_equal_and_ckpt_ls_shows_it(tmp_path, straight):
     # local checkpoints every 4 steps, the filesystem's only at the end (step 30); that one lost, a
     # restart takes the newest local step (a delta: only the rows changed since step 24, on a full

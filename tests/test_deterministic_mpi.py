@@ -76,6 +76,7 @@ def main_straight(tmp_path_factory):
     return d / "w.npz"
 
 
+@pytest.mark.openmpi
 @pytest.mark.parametrize("victim", ["ps", "worker"])
 def test_kill_9_any_rank_then_restart_is_bit_equal_to_an_uninterrupted_run(tmp_path, main_straight, victim):
     rng = random.Random(os.getpid())

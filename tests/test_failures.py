@@ -24,6 +24,7 @@ def _final(stdout):
     return [json.loads(line) for line in stdout.splitlines() if line.startswith('{"final"')][-1]["final"]
 
 
+@pytest.mark.openmpi
 @pytest.mark.parametrize("sets", [
     ["optimizer.sparse.name=sgd", "optimizer.sparse.lr=1e12", "job.steps=30"],      # sparse rows diverge
     ["optimizer.dense.name=sgd", "optimizer.dense.lr=1e6", "job.steps=30"],        # dense layers diverge
@@ -39,6 +40,7 @@ def test_an_error_on_some_ranks_ends_the_job_with_its_message(sets):
     assert time.time() - t0 < 110
 
 
+@pytest.mark.openmpi
 def test_an_error_on_a_ps_rank_alone_is_reported_by_that_rank(tmp_path):
     ck = tmp_path / "ck"
     run_mpi(3, _train_argv([f"checkpoint.dir={ck}", "job.steps=6"]), timeout=120)
@@ -75,6 +77,7 @@ def test_sigterm_without_a_checkpoint_dir_stops_and_says_so(tmp_path):
     assert "without a checkpoint" in err
 
 
+@pytest.mark.openmpi
 def test_sigterm_to_the_ps_alone_checkpoints_and_stops(tmp_path):
     tag = f"psonly-{os.getpid()}"
     ck = tmp_path / "ck"
@@ -186,6 +189,7 @@ def test_a_table_created_on_the_workers_only_ends_the_job(ps):
 
 # where the stopped rank held the others up decides the words: the sync fence, a shard lock, the
 # dense all-reduce; each names it (world rank 1 is worker 1, world rank 2 the PS)
+@pytest.mark.openmpi
 @pytest.mark.parametrize("victim,named", [(2, r"world rank 2\b"),
                                           (1, r"world rank\(s\) \[1\]|world rank 1\b|worker rank\(s\) \[1\]")])
 def test_a_stopped_rank_is_noticed_within_the_progress_timeout_and_named(victim, named, tmp_path):
@@ -204,6 +208,7 @@ def test_a_stopped_rank_is_noticed_within_the_progress_timeout_and_named(victim,
     assert "no progress for 4 s (job.progress_timeout)" in err and re.search(named, err), (code, err[-3000:])
 
 
+@pytest.mark.openmpi
 def test_a_second_job_on_the_same_checkpoint_dir_is_refused_naming_the_first(tmp_path):
     tag = f"lock-{os.getpid()}"
     ck = tmp_path / "ck"

@@ -66,6 +66,7 @@ def _assert_close_to_reference(npz, sets):
         np.testing.assert_allclose(got[k], want, rtol=1e-4, atol=5e-5, err_msg=k)
 
 
+@pytest.mark.openmpi
 def test_hosts_are_separate_nodes_to_mpi():
     r = run_mpi(3, ["-c", "from mpi4py import MPI; import socket, sys; c = MPI.COMM_WORLD; sys.stdout.write("
                     "f'RANK {c.rank} {socket.gethostname()} {c.Split_type(MPI.COMM_TYPE_SHARED).size}\\n')"],
@@ -74,6 +75,7 @@ def test_hosts_are_separate_nodes_to_mpi():
                                                                      ("2", "h1", "2")]
 
 
+@pytest.mark.openmpi
 @pytest.mark.parametrize("stateful", [False, True], ids=["plain", "staged"])
 def test_concurrent_pushes_to_a_local_and_a_remote_ps_lose_no_update(stateful):
     # 2 PS spread over 2 hosts (ranks 2 on h0, 4 on h1): every worker has one PS on its host
@@ -109,6 +111,7 @@ def ps_on_another_host(tmp_path_factory):
     return d, {name: got[name][0] for name in runs}
 
 
+@pytest.mark.openmpi
 @pytest.mark.parametrize("opt", OPTIMIZERS, ids=lambda o: o[0].split("=")[1])
 def test_sync_with_the_ps_on_another_host_equals_one_process(ps_on_another_host, opt):
     d, finals = ps_on_another_host
@@ -121,6 +124,7 @@ def test_sync_with_the_ps_on_another_host_equals_one_process(ps_on_another_host,
     _assert_close_to_reference(d / f"{name}.npz", sets)
 
 
+@pytest.mark.openmpi
 def test_ps_and_workers_spread_over_hosts_with_the_dense_all_reduce_across_them(tmp_path):
     sets = ["optimizer.sparse.name=adam", "optimizer.sparse.lr=0.05", "job.num_ps=2",
             f"job.export={tmp_path / 'w.npz'}"]
@@ -169,6 +173,7 @@ def _kill_all(pids) -> None:
             pass
 
 
+@pytest.mark.openmpi
 def test_a_host_lost_then_a_restart_on_fewer_hosts_equals_a_straight_run(tmp_path):
     """Checkpoints from 3 hosts go to one shared directory; every process of one host is killed
     (-9) mid-run; the same job restarted on 2 hosts, with another PS count, ends where a straight
@@ -247,6 +252,7 @@ def _parts_of(local_dir: Path, ck: Path, step: int) -> list:
     return out
 
 
+@pytest.mark.openmpi
 def test_a_host_lost_with_its_local_files_restarts_from_partner_copies_bit_equal(tmp_path):
     """Node-local checkpoints every 3 steps, each PS's shard copied to its partner on the other
     host; every process of h1 killed (-9) and h1's local directory deleted (a replaced node); the

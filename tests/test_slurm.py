@@ -55,6 +55,7 @@ def test_past_the_restart_limit_it_stops_requeueing_and_says_why(slurm, tmp_path
     assert newest is not None and store.read_manifest(newest)["step"] >= 3
 
 
+@pytest.mark.openmpi
 def test_a_stop_file_alone_is_judged_a_checkpointed_stop_under_srun(slurm, tmp_path):
     """No signal: a STOP file makes the job checkpoint and stop. The first rank to exit 85 makes
     srun --kill-on-bad-exit end the others with SIGTERM (exit 143 for the step); the script must

@@ -9,6 +9,7 @@ import pytest
 from mpirun import run_mpi
 
 
+@pytest.mark.openmpi
 @pytest.mark.parametrize("n,num_ps,transport", [(2, 1, "auto"), (3, 1, "rma"), (4, 2, "auto"), (5, 2, "rma")])
 def test_pulls_equal_initial_rows(tmp_path, n, num_ps, transport):
     r = run_mpi(n, ["tables_basic.py", num_ps, transport, tmp_path / "rows.npy"])
@@ -23,6 +24,7 @@ def test_rows_identical_for_one_and_two_ps(tmp_path):
     np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.openmpi
 @pytest.mark.parametrize("n,num_ps,transport", [(4, 1, "auto"), (4, 1, "rma"), (5, 2, "auto"), (5, 2, "rma")])
 def test_concurrent_pushes_lose_no_update(n, num_ps, transport):
     r = run_mpi(n, ["concurrent_push.py", num_ps, transport, 150], timeout=180)
@@ -31,6 +33,7 @@ def test_concurrent_pushes_lose_no_update(n, num_ps, transport):
     assert int(sums[0]) > 150 * (n - num_ps) * 2          # every worker hit row 0 twice per round
 
 
+@pytest.mark.openmpi
 @pytest.mark.parametrize("n,num_ps,transport,list_rows", [(4, 1, "auto", None), (5, 2, "rma", None),
                                                            (4, 1, "auto", 30), (5, 2, "rma", 12)])
 def test_staged_pushes_applied_by_ps_lose_no_update(n, num_ps, transport, list_rows):
@@ -59,6 +62,7 @@ def test_staged_pushes_applied_by_ps_lose_no_update(n, num_ps, transport, list_r
         assert all(slab == 0 for _, _, slab, _ in counts)
 
 
+@pytest.mark.openmpi
 @pytest.mark.parametrize("transport", ["auto", "rma"])
 def test_pull_and_push_complete_while_ps_is_busy(transport):
     r = run_mpi(2, ["busy_ps.py", transport])
@@ -70,6 +74,7 @@ def test_bad_input_raises_and_job_shuts_down_cleanly():
     assert r.stdout.count("OK worker") == 2
 
 
+@pytest.mark.openmpi
 @pytest.mark.parametrize("via_mpi4py", [True, False])
 def test_failing_rank_ends_the_job_promptly(via_mpi4py):
     start = time.monotonic()

@@ -131,11 +131,13 @@ def runs(tmp_path_factory):
     return d, finals, ratings
 
 
+@pytest.mark.openmpi
 @pytest.mark.parametrize("opt,layout", CASES, ids=lambda x: x if isinstance(x, str) else x[0].split("=")[1])
 def test_sync_equals_single_process_torch(runs, opt, layout):
     _assert_matches_reference(runs[0] / f"{layout}-{opt[0].split('=')[1]}.npz", _case_sets(opt, layout))
 
 
+@pytest.mark.openmpi
 @pytest.mark.parametrize("case", list(OTHER))
 def test_sync_equals_single_process_torch_also(runs, case):
     """A table per feature (embedding L2, normal initial rows); decay, schedules and clipping;
@@ -145,6 +147,7 @@ def test_sync_equals_single_process_torch_also(runs, case):
     _assert_matches_reference(d / f"{case}.npz", sets)
 
 
+@pytest.mark.openmpi
 @pytest.mark.parametrize("switch", list(SWITCHES))
 def test_switches_that_change_no_bit(runs, switch):
     d, finals, _ = runs
