@@ -187,3 +187,21 @@ def test_bench_hosts_smoke(tmp_path):
                                   "across_dynamic_vs_fixed"}
     assert res["ping_pong"]["bandwidth_mb_s"] > 0 and "across_vs_rpc_across" in r.stdout
     assert not [n for n in os.listdir("/run/netns") if n.startswith("bh-")]      # its hosts are gone
+
+
+def test_bench_mpis_smoke(tmp_path):
+    """bench_sparse on MPICH and on Open MPI in one run (Open MPI's wheel set up by scripts/run if needed);
+    each ratio compared across them."""
+    import subprocess
+    import sys
+    out = tmp_path / "mpis.json"
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_mpis.py"), "--only", "sparse", "--rounds", "1",
+                        "--sparse-args", "--rows 20000 --dim 16 --batch 256 --iters 5", "--out", str(out)],
+                       capture_output=True, text=True, timeout=600, env=__import__("mpirun").mpi_env())
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert res["mpis"]["mpich"]["library"] == "MPICH" and res["mpis"]["openmpi"]["library"] == "Open MPI"
+    row = res["ratios"]["sparse.pull_vs_local_gather"]
+    assert row["mpich"] > 0 and row["openmpi"] > 0 and row["openmpi_vs_mpich"] > 0
+    assert res["reports"]["sparse"]["openmpi"][0]["mpi"]["windows"] == "shared"
+    assert "openmpi vs mpich" in r.stdout

@@ -9,6 +9,7 @@ import pytest
 from mpirun import run_mpi
 
 
+@pytest.mark.impi
 @pytest.mark.openmpi
 @pytest.mark.parametrize("n,num_ps,transport", [(2, 1, "auto"), (3, 1, "rma"), (4, 2, "auto"), (5, 2, "rma")])
 def test_pulls_equal_initial_rows(tmp_path, n, num_ps, transport):
@@ -24,6 +25,7 @@ def test_rows_identical_for_one_and_two_ps(tmp_path):
     np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.impi
 @pytest.mark.openmpi
 @pytest.mark.parametrize("n,num_ps,transport", [(4, 1, "auto"), (4, 1, "rma"), (5, 2, "auto"), (5, 2, "rma")])
 def test_concurrent_pushes_lose_no_update(n, num_ps, transport):

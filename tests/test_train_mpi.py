@@ -215,6 +215,7 @@ def test_mpi_thread_level_serialized_unless_the_pipeline_thread_is_asked_for():
     assert final["mpi_threads"] == "multiple" and final["pipeline"]["background_push"]
 
 
+@pytest.mark.impi
 def test_train_end_to_end_metrics_and_final_line(tmp_path):
     metrics = tmp_path / "m.jsonl"
     r = _train(4, ["job.steps=40", "job.log_every=10", "job.eval_every=20", f"metrics.path={metrics}",

@@ -33,7 +33,7 @@ class JobConfig:
     wait: str = "auto"          # how waiting ranks wait: auto | yield | sleep (auto: sleep if the node is oversubscribed)
     rma_read: str = "auto"   # remote pulls: auto | get_accumulate (atomic per element) | get (faster)
     mpi_threads: str = "serialized"   # MPI thread level: single | funneled | serialized | multiple
-    malloc_tune: bool = True    # restart with glibc's tcache off, trim the heap (hpcps.core.malloc)
+    malloc_tune: bool = True    # restart with glibc's tcache off, trim the heap, keep freed pages (hpcps.core.malloc)
     step_delay: float = 0.0     # seconds each worker sleeps per step (demos and fault tests)
     world_size: int = 0         # when > 0, the MPI world must have exactly this many ranks
     progress_timeout: float = 600.0  # seconds a wait may see no progress before the job ends (0: never)
