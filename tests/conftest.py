@@ -15,3 +15,18 @@ collect_ignore = ["parallel", "programs"]
 import mpirun  # noqa: E402
 
 mpirun.SKIP_MALLOC_TUNE = True   # a test's few steps do not need glibc's tcache off (see mpi_env)
+
+# `scripts/run test` runs the suite in two pytest processes (pytest-xdist, `-n 2 --dist loadfile`:
+# each file whole on one of them, so its module fixtures, pretend hosts and Slurm start once).
+# Several files mostly wait (Slurm's time-limit signal, jobs slowed by HPCPS_STEP_DELAY) while
+# the others compute. The files that take longest go first, so that the two end together
+# (seconds measured on the 2-core VM in one process, MPICH leg).
+LONGEST_FIRST = ["test_slurm_hosts.py", "test_scripts.py", "test_checkpoint_mpi.py", "test_tables_mpi.py",
+                 "test_train_mpi.py", "test_slurm.py", "test_hosts.py", "test_failures.py", "test_dynamic_mpi.py",
+                 "test_deterministic_mpi.py", "test_dynamic_train.py", "test_evaluation.py"]
+
+
+def pytest_collection_modifyitems(session, config, items):
+    if getattr(config.option, "numprocesses", None):
+        rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+        items.sort(key=lambda item: rank.get(item.path.name, len(rank)))     # stable: the rest in order

@@ -157,9 +157,10 @@ def run_mpi(n: int, argv, timeout: float = 120, env=None, mpi4py_run: bool = Tru
     if mpi4py_run:
         cmd += ["-m", "mpi4py"]
     cmd += argv
-    started = time.time()
+    started, tag = time.time(), _auto_tag("")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=mpi_env(env), cwd=ROOT, start_new_session=True, preexec_fn=preexec)
+                            env=mpi_env({**(env or {}), "HPCPS_TEST_TAG": tag}), cwd=ROOT, start_new_session=True,
+                            preexec_fn=preexec)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -169,7 +170,7 @@ def run_mpi(n: int, argv, timeout: float = 120, env=None, mpi4py_run: bool = Tru
     finally:
         kill_launch(proc)           # nothing of this launch may outlive it
         if proc.returncode != 0:    # nor its shared memory, when it was killed or aborted
-            clean_shm(started)
+            clean_shm(started, tag=tag)
     result = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
     if check and proc.returncode != 0:
         raise AssertionError(f"exit {proc.returncode}: {' '.join(cmd)}\n--- stdout\n{out}\n--- stderr\n{err}")
@@ -213,13 +214,12 @@ def launch_mpi(n: int, argv, env=None, tag: str = "", hosts: str | None = None) 
     ``tag`` marks every rank's environment so ``rank_pid`` can find them."""
     argv = [str(a) for a in argv]
     extra = dict(env or {})
-    if tag:
-        extra["HPCPS_TEST_TAG"] = tag
+    extra["HPCPS_TEST_TAG"] = tag = _auto_tag(tag)
     cmd = launcher(n, hosts) + [sys.executable, "-m", "mpi4py"] + argv
     started = time.time()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=mpi_env(extra), cwd=ROOT, start_new_session=True)
-    proc.started_at = started
+    proc.started_at, proc.tag = started, tag
     return proc
 
 
@@ -240,30 +240,64 @@ def rank_pid(tag: str, rank: int):
     return None
 
 
-def clean_shm(since: float, wait: float = 5.0) -> int:
-    """Remove MPICH shared-memory segments (/dev/shm/mpich_shm_*) made since ``since`` once no
-    live process maps them: a job killed with -9 leaves its segments behind. The ranks of a
-    killed launch die a moment after their launcher (Hydra puts each in a session of its own),
-    so segments still mapped are retried for up to ``wait`` seconds. Returns the count removed."""
+_launches = 0                   # launches made by this process, for their default tags
+
+
+def _auto_tag(tag: str) -> str:
+    """``tag``, or a tag of this process's own for a launch that was given none."""
+    global _launches
+    _launches += 1
+    return tag or f"launch-{os.getpid()}-{_launches}"
+
+
+def _tagged_alive(tag: str) -> bool:
+    """Whether any process runs with ``HPCPS_TEST_TAG=tag`` in its environment."""
+    want = f"HPCPS_TEST_TAG={tag}".encode()
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                if want in open(f"/proc/{d}/environ", "rb").read().split(b"\0"):
+                    return True
+            except OSError:
+                continue
+    return False
+
+
+def clean_shm(since: float, wait: float = 5.0, tag: str | None = None) -> int:
+    """Remove MPICH shared-memory segments (/dev/shm/mpich_shm_*) made since ``since`` that no live
+    process maps: a job killed with -9 leaves its segments behind. First waits (up to ``wait``
+    seconds) until no process of the launch tagged ``tag`` lives (the ranks of a killed launch die
+    a moment after their launcher: hydra puts each in a session of its own). A segment younger than
+    a second is left alone: another test's launch may not have mapped it yet (tests run in two
+    processes at once). Returns the count removed."""
     shm = Path("/dev/shm")
     deadline, removed = time.time() + wait, 0
+    while tag and _tagged_alive(tag) and time.time() < deadline:
+        time.sleep(0.1)
     while True:
         mine = [p for p in shm.glob("mpich_shm_*") if p.exists() and p.stat().st_mtime >= since - 1]
-        if not mine:
-            return removed
         mapped = set()
         for maps in Path("/proc").glob("[0-9]*/maps"):
             try:
                 mapped.update(line.split()[-1] for line in maps.read_text().splitlines() if "/dev/shm/" in line)
             except OSError:
                 continue
+        young = False
         for p in mine:
-            if str(p) not in mapped:
+            if str(p) in mapped:
+                continue
+            try:
+                age = time.time() - p.stat().st_mtime
+            except OSError:
+                continue
+            if age >= 1.0:
                 p.unlink(missing_ok=True)
                 removed += 1
-        if len(mine) == sum(1 for p in mine if not p.exists()) or time.time() > deadline:
+            else:
+                young = True
+        if not young or time.time() > deadline:
             return removed
-        time.sleep(0.1)
+        time.sleep(0.2)
 
 
 def reap(proc: subprocess.Popen, timeout: float = 60):
@@ -275,5 +309,5 @@ def reap(proc: subprocess.Popen, timeout: float = 60):
         out, err = proc.communicate()
     kill_launch(proc)
     if proc.returncode != 0 and hasattr(proc, "started_at"):
-        clean_shm(proc.started_at)
+        clean_shm(proc.started_at, tag=proc.tag)
     return proc.returncode, out, err
