@@ -15,6 +15,17 @@ CLUSTER = ROOT / "scripts" / "cluster.sh"
 SKIP_MALLOC_TUNE = False       # tests/conftest.py: True
 
 
+def launch_tmpdir() -> Path:
+    """The TMPDIR of this pytest process's launches (one per xdist worker). Open MPI's prterun keeps
+    its session directory there (``ompi.PID``: PMIx's rendezvous files); a launch in the other
+    pytest process, or a stale directory of a killed launcher whose PID came round again, then
+    cannot stop its PMIx server from starting ("The PMIx server's listener thread failed to start",
+    seen once in CI)."""
+    d = Path("/tmp") / f"hpcps-launches-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"
+    d.mkdir(exist_ok=True)
+    return d
+
+
 def mpiexec() -> str:
     exe = os.environ.get("HPCPS_MPIEXEC")
     if exe:
@@ -94,7 +105,7 @@ def mpi_env(extra=None) -> dict:
     env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
                 "PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe",     # Open MPI 5's prterun
                 "PRTE_MCA_hwloc_default_binding_policy": "none", "HDF5_USE_FILE_LOCKING": "FALSE",
-                "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"})
+                "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "TMPDIR": str(launch_tmpdir())})
     env.pop("HPCPS_NUM_PS", None)
     env.pop("HPCPS_TRANSPORT", None)
     env.pop("HPCPS_MPI_THREADS", None)
@@ -142,6 +153,8 @@ def kill_launch(proc: subprocess.Popen) -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+    if proc.returncode is not None:     # a killed prterun leaves its session directory behind
+        shutil.rmtree(launch_tmpdir() / f"ompi.{proc.pid}", ignore_errors=True)
 
 
 def run_mpi(n: int, argv, timeout: float = 120, env=None, mpi4py_run: bool = True,
@@ -263,10 +276,18 @@ def _tagged_alive(tag: str) -> bool:
     return False
 
 
+def _mtime(path: Path) -> float:
+    """``path``'s modification time; 0 when it is gone (the other pytest process may remove it)."""
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
 def clean_shm(since: float, wait: float = 5.0, tag: str | None = None) -> int:
-    """Remove MPICH shared-memory segments (/dev/shm/mpich_shm_*) made since ``since`` that no live
-    process maps: a job killed with -9 leaves its segments behind. First waits (up to ``wait``
-    seconds) until no process of the launch tagged ``tag`` lives (the ranks of a killed launch die
+    """Remove MPICH's and Open MPI's shared-memory segments (/dev/shm/mpich_shm_*, sm_segment.*) made
+    since ``since`` that no live process maps: a job killed with -9 leaves its segments behind.
+    First waits (up to ``wait`` seconds) until no process of the launch tagged ``tag`` lives (the ranks of a killed launch die
     a moment after their launcher: hydra puts each in a session of its own). A segment younger than
     a second is left alone: another test's launch may not have mapped it yet (tests run in two
     processes at once). Returns the count removed."""
@@ -275,7 +296,8 @@ def clean_shm(since: float, wait: float = 5.0, tag: str | None = None) -> int:
     while tag and _tagged_alive(tag) and time.time() < deadline:
         time.sleep(0.1)
     while True:
-        mine = [p for p in shm.glob("mpich_shm_*") if p.exists() and p.stat().st_mtime >= since - 1]
+        mine = [p for pattern in ("mpich_shm_*", "sm_segment.*") for p in shm.glob(pattern)
+                if _mtime(p) >= since - 1]
         mapped = set()
         for maps in Path("/proc").glob("[0-9]*/maps"):
             try:

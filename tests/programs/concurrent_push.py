@@ -7,7 +7,10 @@ LIST_ROWS sets the staged-row list's length (hpcps.sparse.staging.STAGED_LIST_RO
 a short one overflows, and the PS then finds the staged rows by scanning. "locked": no push
 mailboxes, so pushes to a PS on another node take the lock and the staged-row list too.
 Every other round pushes distinct sorted ids, which a PS on the same node takes
-through its hand-off slab (one push at a time; the others are staged meanwhile).
+through its hand-off slab (one push at a time; the others are staged meanwhile). A first
+step in which worker 0 alone pushes (then a fence) gives a PS on the node a push with
+nothing else staged, which it applies straight from the slab, however the later rounds
+interleave.
 """
 import sys
 
@@ -44,7 +47,15 @@ with hpcps.init(num_ps=num_ps, transport=transport, mode="async") as ctx:
         rng = np.random.default_rng(100 + w)
         mine = np.zeros((N, D), dtype=np.int64)
         ctx.worker_comm.Barrier()
-        for r in range(rounds):
+        ctx.step_begin(0)
+        if w == 0:                                                       # a push alone: see above
+            ids = np.unique(rng.integers(0, N, 40))
+            vals = rng.integers(1, 5, size=(ids.size, D))
+            t.push(ids, -vals.astype(np.float32))
+            np.add.at(mine, ids, vals)
+        ctx.step_end(0)
+        ctx.fence(1)
+        for r in range(1, rounds + 1):
             ctx.step_begin(r)
             ids = np.concatenate([np.arange(10), np.arange(10),          # hot rows, twice per batch
                                   rng.integers(0, N, 40)])
@@ -56,7 +67,7 @@ with hpcps.init(num_ps=num_ps, transport=transport, mode="async") as ctx:
             if r % 7 == 0:
                 t.pull_async(ids[:20]).wait()                           # reads race with writes
             ctx.step_end(r)
-        ctx.fence(rounds)                                                # every staged push applied
+        ctx.fence(rounds + 1)                                            # every staged push applied
         ctx.worker_comm.Barrier()
         total = np.empty_like(mine)
         ctx.worker_comm.Allreduce(mine, total, op=MPI.SUM)
