@@ -12,12 +12,13 @@ torch only offers densely. Local; imports no MPI.
 import numpy as np
 import torch
 
-from .config import Config, build_sparse_optimizer
+from .config import Config
 from .data import make_data
 from .core.ids import initial_rows
 from .core.optimizers import SGD, Adagrad, Adam, new_state
 from .models import embedding_penalty
-from .train import build_model, dense_optimizer, dense_schedule, table_specs, total_steps
+from .train import build_model, dense_optimizer, dense_schedule, table_parts, total_steps
+from .train.build import part_optimizer
 
 __all__ = ["train_reference"]
 
@@ -40,13 +41,15 @@ def train_reference(cfg: Config, steps: int | None = None) -> dict:
     """Train in one process; returns ``{"dense/<name>": array, "tables/<name>": array}``. Local."""
     data = make_data(cfg.data, cfg.job.seed, 1, 0)
     steps = total_steps(cfg, data) if steps is None else steps
-    opt = build_sparse_optimizer(cfg.optimizer.sparse, steps)
     torch.manual_seed(cfg.job.seed)
-    embs, names = [], []
-    for name, rows, dim, kind, scale in table_specs(cfg, data):
-        w = torch.from_numpy(initial_rows(cfg.job.seed, name, np.arange(rows), dim, scale, kind=kind))
-        embs.append(torch.nn.EmbeddingBag.from_pretrained(w, freeze=False, mode="sum", sparse=True))
-        names.append(name)
+    embs, names, opts = [], [], []
+    for part, specs in table_parts(cfg, data):
+        opt = part_optimizer(cfg, part, steps)
+        for name, rows, dim, kind, scale in specs:
+            w = torch.from_numpy(initial_rows(cfg.job.seed, name, np.arange(rows), dim, scale, kind=kind))
+            embs.append(torch.nn.EmbeddingBag.from_pretrained(w, freeze=False, mode="sum", sparse=True))
+            names.append(name)
+            opts.append(opt)
     model = build_model(cfg, embs, data)
     emb_params = [e.weight for e in embs]
     emb_ids = {id(p) for p in emb_params}
@@ -54,9 +57,12 @@ def train_reference(cfg: Config, steps: int | None = None) -> dict:
     dopt = dense_optimizer(cfg.optimizer.dense, dense_params)
     dsched = dense_schedule(cfg.optimizer.dense, steps)
     base = [g["lr"] for g in dopt.param_groups]
-    sopt = _torch_sparse_optimizer(opt, emb_params)
-    states = [{k: torch.from_numpy(v) for k, v in new_state(opt, p.shape[0], p.shape[1]).items()}
-              for p in emb_params]
+    # torch's own sparse optimizer for each optimizer's tables where torch has its lazy form, else None
+    distinct = list({id(o): o for o in opts}.values())
+    sopts = [(_torch_sparse_optimizer(opt, [p for p, o in zip(emb_params, opts) if o is opt]), opt) for opt in distinct]
+    torch_opt = {id(opt): t for t, opt in sopts}
+    states = [{k: torch.from_numpy(v) for k, v in new_state(o, p.shape[0], p.shape[1]).items()}
+              for p, o in zip(emb_params, opts)]
     counts = [0] * len(emb_params)
     B = cfg.data.batch_size
     crit = (torch.nn.functional.binary_cross_entropy_with_logits if data.task == "ctr"
@@ -78,18 +84,20 @@ def train_reference(cfg: Config, steps: int | None = None) -> dict:
         for g, lr in zip(dopt.param_groups, base):
             g["lr"] = lr * f
         dopt.step()
-        if sopt is not None:
-            sopt.step()
-            continue
+        for t, _ in sopts:
+            if t is not None:
+                t.step()
         with torch.no_grad():
-            for i, p in enumerate(emb_params):
+            for i, (p, opt) in enumerate(zip(emb_params, opts)):
+                if torch_opt[id(opt)] is not None:
+                    continue
                 g = p.grad.coalesce()
                 rows, vals = g.indices()[0], g.values()
                 if rows.numel():
                     counts[i] += 1
                     opt.apply(p.data, states[i], rows, vals, step, counts[i])
-    result = {f"dense/{k}": v.detach().numpy() for k, v in model.state_dict().items()
-              if not k.startswith(("embeddings.", "user.", "item.", "user_bias.", "item_bias."))}
+    tables = {name for name, p in model.named_parameters() if id(p) in emb_ids}
+    result = {f"dense/{k}": v.detach().numpy() for k, v in model.state_dict().items() if k not in tables}
     for name, p in zip(names, emb_params):
         result[f"tables/{name}"] = p.detach().numpy().copy()
     return result

@@ -107,6 +107,36 @@ def test_half_then_restart_equals_straight(halves, straight, case):
     (_same if second[0] - second[1] == 3 else _close)(d / f"w{case}.npz", straight[opt])
 
 
+KINDS = ("lr", "wide_deep", "deepfm", "dcn")     # DLRM: above; each kind's tables (parts) checkpoint and move
+
+
+@pytest.fixture(scope="module")
+def kinds(tmp_path_factory):
+    """Each of KINDS: 30 steps straight, and 15 steps that checkpoint (1 PS, tables fused) then a
+    restart to step 30 on 2 PS with a table per feature, the same 3 workers. ``(dir, finals)``:
+    kind ``k`` exports ``dir / f"{k}-straight.npz"`` and ``dir / f"{k}-restart.npz"``."""
+    d = tmp_path_factory.mktemp("kinds")
+    base = ["--config", TINY, "--set", *BASE, "optimizer.wide.name=ftrl", "optimizer.wide.lr=0.1"]
+    first = {f"{k}-straight": [*base, f"model.kind={k}", f"job.export={d / k}-straight.npz"] for k in KINDS}
+    first.update({f"{k}-half": [*base, f"model.kind={k}", f"checkpoint.dir={d / k}", "job.steps=15"] for k in KINDS})
+    got = train_many(4, first, timeout=400)
+    finals = {c: got[c][0] for c in first}
+    second = {f"{k}-restart": [*base, f"model.kind={k}", f"checkpoint.dir={d / k}", "job.num_ps=2",
+                               "model.fuse_tables=false", f"job.export={d / k}-restart.npz"] for k in KINDS}
+    got = train_many(5, second, timeout=400)
+    finals.update({c: got[c][0] for c in second})
+    return d, finals
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_model_kind_restarts_bit_equal_on_other_ps(kinds, kind):
+    d, finals = kinds
+    assert finals[f"{kind}-half"]["checkpoints"] == [15]
+    f = finals[f"{kind}-restart"]
+    assert f["start_step"] == 15 and f["steps"] == 30 and f["num_ps"] == 2
+    _same(d / f"{kind}-restart.npz", d / f"{kind}-straight.npz")
+
+
 def _start_and_wait_for_a_checkpoint(tmp_path, tag, every, delay):
     """Launch the 30-step job checkpointing every ``every`` steps; return once one is committed."""
     ck = tmp_path / "ck"

@@ -195,3 +195,42 @@ def test_local_full_every_auto_is_all_full_for_small_shards(tmp_path, sets, num_
     assert got.job == cfg.job and got.model == cfg.model          # nothing else changed
     off = load_config(ROOT / "examples" / "ctr.toml", [], environ={})   # no node-local level: left as it is
     assert resolve_local_full_every(off, data, off.job.steps, num_ps).checkpoint.local_full_every == 0
+
+
+def test_epochs_auto_from_a_file_or_set_and_the_model_kinds(tmp_path):
+    from hpcps.config import AUTO_EPOCHS
+    from hpcps.models import kinds
+    data = tmp_path / "d.txt"
+    data.write_text("0\t1" + "\t" * 38 + "\n")
+    f = tmp_path / "c.toml"
+    f.write_text(f'[job]\nepochs = "auto"\n[data]\nformat = "criteo"\npath = "{data}"\n')
+    assert load_config(f, environ={}).job.epochs == AUTO_EPOCHS
+    assert load_config(f, ["job.epochs=3"], environ={}).job.epochs == 3
+    assert load_config(f, ["job.epochs=AUTO"], environ={}).job.epochs == AUTO_EPOCHS
+    with pytest.raises(ValueError, match=r"job.epochs = -2: must be >= 0 or \"auto\""):
+        load_config(f, ["job.epochs=-2"], environ={})
+    with pytest.raises(ValueError, match="job.max_epochs = 0"):
+        load_config(f, ["job.epochs=auto", "job.max_epochs=0"], environ={})
+    # every registered kind is a valid model.kind; an unknown one names them all
+    assert set(kinds()) >= {"lr", "wide_deep", "deepfm", "dcn", "dlrm", "mf"}
+    for k in ("lr", "wide_deep", "deepfm", "dcn", "dlrm"):
+        assert load_config(f, [f"model.kind={k}"], environ={}).model.kind == k
+    with pytest.raises(ValueError, match="model.kind = 'xdeepfm': must be one of") as e:
+        load_config(f, ["model.kind=xdeepfm"], environ={})
+    assert all(k in str(e.value) for k in kinds())
+    with pytest.raises(ValueError, match="model.dropout = 0.1: a lr model has no MLP"):
+        load_config(f, ["model.kind=lr", "model.dropout=0.1"], environ={})
+    with pytest.raises(ValueError, match="model.dynamic_tables = True: needs model.kind = dlrm or dcn"):
+        load_config(f, ["model.kind=wide_deep", "model.dynamic_tables=true"], environ={})
+
+
+def test_column_names_with_underscores_come_through_set(tmp_path):
+    """`--set data.drop=attributed_time,click_time`: an underscore is refused in a number (1_000)
+    only, not in a column name."""
+    data = tmp_path / "d.csv"
+    data.write_text("click,attributed_time,click_time,app\n0,,1,2\n")
+    c = load_config(None, ["data.format=csv", f"data.path={data}", "data.label=click",
+                           "data.drop=attributed_time,click_time"], environ={})
+    assert c.data.drop == ["attributed_time", "click_time"]
+    with pytest.raises(ValueError, match="job.steps = '1_000'"):
+        load_config(None, ["job.steps=1_000"], environ={})

@@ -136,6 +136,24 @@ def test_file_epoch_order_is_deterministic_per_seed(tmp_path):
     np.testing.assert_array_equal(first_epoch, np.arange(100))    # each sample once per epoch
 
 
+@pytest.mark.parametrize("workers", [1, 3])
+def test_no_sample_is_dropped_from_an_epoch_and_batches_stay_full(tmp_path, workers):
+    """103 samples in batches of 10: 11 steps an epoch, every one full; epoch 0's samples all come
+    in its 11 steps (the last batch completed by epoch 1's first 7), and epoch 1's by step 21."""
+    f = tmp_path / "r.dat"
+    f.write_text("".join(f"{u}::{u % 7}::{u % 5 + 1}\n" for u in range(103)))
+    sets = ["data.format=ratings", "model.kind=mf", f"data.path={f}", "data.batch_size=10", "job.epochs=2",
+            "data.eval_fraction=0"]
+    parts = [make_data(load_config(None, sets, environ={}).data, 3, workers, w) for w in range(workers)]
+    assert parts[0].steps_per_epoch == 11 and parts[0].stats["train_samples"] == 103
+    steps = [np.concatenate([d.train_batch(s).sparse[0] for d in parts]) for s in range(22)]
+    assert all(x.size == 10 for x in steps)
+    stream = np.concatenate(steps)
+    np.testing.assert_array_equal(np.sort(stream[:103]), np.arange(103))          # epoch 0, each once
+    np.testing.assert_array_equal(np.sort(stream[103:206]), np.arange(103))       # then epoch 1
+    assert not np.array_equal(stream[:103], stream[103:206])                      # in another order
+
+
 def test_wrapped_zipf_cdf_is_the_distribution_of_numpy_zipf_mod_rows():
     from hpcps.data.synthetic import wrapped_zipf_cdf
     for a, rows in ((1.2, 50), (2.0, 7)):

@@ -92,6 +92,14 @@ OTHER = {
         "data.format=ratings", "model.kind=mf", "data.batch_size=60", "job.epochs=2", "optimizer.sparse.name=adam",
         "optimizer.sparse.lr=0.05", "optimizer.dense.name=sgd", "model.embedding_l2=0.02"]),
 }
+# every model kind of hpcps.models but DLRM (above) and MF: its tables fused (one per part) on one
+# PS, and a table per feature over 2 PS; the wide part's own optimizer (FTRL) in one of each
+KINDS = ("lr", "wide_deep", "deepfm", "dcn")
+for _k in KINDS:
+    OTHER[f"{_k}-fused-1ps"] = (3, [f"model.kind={_k}", "model.embedding_l2=0.01"]
+                                + (["optimizer.wide.name=ftrl", "optimizer.wide.lr=0.1", "optimizer.wide.l2=0.01"]
+                                   if _k != "dcn" else []))
+    OTHER[f"{_k}-per-feature-2ps"] = (5, [f"model.kind={_k}", "model.fuse_tables=false", "job.num_ps=2"])
 # runs whose bits must not change with a switch: (ranks, {variant: sets})
 SWITCHES = {
     # model.fuse_tables (the default) keeps the feature tables in one table-batched hpcps table;
@@ -141,7 +149,8 @@ def test_sync_equals_single_process_torch(runs, opt, layout):
 @pytest.mark.parametrize("case", list(OTHER))
 def test_sync_equals_single_process_torch_also(runs, case):
     """A table per feature (embedding L2, normal initial rows); decay, schedules and clipping;
-    matrix factorisation on a ratings file."""
+    matrix factorisation on a ratings file; every other model kind (KINDS), fused and not, on 1
+    and 2 PS."""
     d, _, ratings = runs
     sets = OTHER[case][1] + ([f"data.path={ratings}"] if case == "matrix-factorisation" else [])
     _assert_matches_reference(d / f"{case}.npz", sets)
@@ -249,12 +258,17 @@ def test_train_end_to_end_metrics_and_final_line(tmp_path):
     assert "final" in recs[-1]
 
 
-def test_train_criteo_sample():
-    r = _train(4, ["metrics.progress=false", "metrics.path=", "job.epochs=2", f"data.path={CRITEO}"],
+def test_train_criteo_sample_as_shipped_stops_when_auc_stops_improving():
+    """examples/criteo.toml as it is: job.epochs = "auto" (an evaluation at each epoch's end, a stop
+    after one without a better AUC: early_stop_patience 1), every sample in every epoch (800 in
+    batches of 64: 13 steps an epoch, the last batch completed from the next epoch)."""
+    r = _train(4, ["metrics.progress=false", "metrics.path=", f"data.path={CRITEO}"],
                config=ROOT / "examples" / "criteo.toml")
     final = _final(r.stdout)
     assert final["data"]["train_samples"] == 800 and final["eval_samples"] == 200
     assert 0.4 < final["auc"] <= 1.0 and final["logloss"] < 1.0
+    assert final["early_stopped"] and final["steps"] % 13 == 0 and 26 <= final["steps"] < 20 * 13
+    assert final["evaluations"] == final["steps"] // 13 and final["best"]["step"] == final["steps"] - 13
 
 
 def test_streamed_global_batches_do_not_depend_on_the_workers(tmp_path):

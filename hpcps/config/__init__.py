@@ -18,7 +18,7 @@ else:                                    # pragma: no cover
     import tomli as tomllib
 
 from .rules import SWITCHES, build_sparse_optimizer, parse_permissions, resolve_switch, validate
-from .schema import ENV_ALIASES, FORMATS, MODELS, Config, config_keys
+from .schema import AUTO_EPOCHS, ENV_ALIASES, FORMATS, MODELS, Config, config_keys
 
 __all__ = ["Config", "load_config", "config_keys", "build_sparse_optimizer", "parse_permissions", "resolve_switch",
            "validate", "SWITCHES", "ENV_ALIASES", "FORMATS", "MODELS"]
@@ -53,11 +53,13 @@ def _coerce(key, value, default, source):
     as is Python's ``1_000`` or a float where an integer belongs. Local."""
     kind = type(default)
     where = f"config: {key} = {value!r} ({source})"
+    if key == "job.epochs" and isinstance(value, str) and value.strip().lower() == "auto":
+        return AUTO_EPOCHS
     from_text = not source.startswith("file ")
     if isinstance(value, str) and kind is not str and from_text:
         text = value.strip()
         try:
-            if "_" in text:
+            if "_" in text and kind in (int, float):     # Python's 1_000, not a TOML or shell number
                 raise ValueError
             if kind is bool:
                 low = text.lower()

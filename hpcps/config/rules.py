@@ -9,7 +9,7 @@ from ..core.inputs import expand_inputs
 from ..core.layout import PS_LAYOUTS
 from ..core.optimizers import LRSchedule, make_optimizer
 from ..core.settings import RMA_READS, ROW_DTYPES, SHARDINGS, THREAD_LEVELS, TRANSPORTS, WAIT_POLICIES, parse_mode
-from .schema import FORMATS, MODELS, CheckpointConfig, Config, SparseOptimizerSection
+from .schema import AUTO_EPOCHS, FORMATS, CheckpointConfig, Config, SparseOptimizerSection
 
 # the metric that decides the best checkpoint: (task, higher is better)
 BEST_METRICS = {"auc": ("ctr", True), "logloss": ("ctr", False), "rmse": ("ratings", False), "mae": ("ratings", False)}
@@ -69,9 +69,10 @@ def build_sparse_optimizer(sec: SparseOptimizerSection, total_steps: int):
 def _check_model(cfg: Config) -> None:
     """The ``[model]`` checks of :func:`validate`."""
     j, d, m = cfg.job, cfg.data, cfg.model
-    _check(m.kind in MODELS, "model.kind", m.kind, f"must be one of {', '.join(MODELS)}")
-    if m.kind == "mf":
-        _check(d.format == "ratings", "model.kind", m.kind, "mf needs data.format = ratings")
+    from ..models import get_kind           # (registering the kinds imports torch: only where a config is checked)
+    kind = get_kind(m.kind)
+    if kind.task == "ratings":
+        _check(d.format == "ratings", "model.kind", m.kind, f"{m.kind} needs data.format = ratings")
     else:
         _check(d.format != "ratings", "model.kind", m.kind, "ratings data needs model.kind = mf")
     _check(m.dim >= 1, "model.dim", m.dim, "must be >= 1")
@@ -81,10 +82,11 @@ def _check_model(cfg: Config) -> None:
     _check(m.embedding_l2 >= 0 and math.isfinite(m.embedding_l2), "model.embedding_l2", m.embedding_l2,
            "must be finite and >= 0")
     _check(0 <= m.dropout < 1, "model.dropout", m.dropout, "must be in [0, 1)")
-    _check(m.dropout == 0 or m.kind == "dlrm", "model.dropout", m.dropout, "only a dlrm model has MLPs to drop out of")
+    _check(m.dropout == 0 or kind.mlps, "model.dropout", m.dropout, f"a {m.kind} model has no MLP to drop out of")
+    _check(m.cross_layers >= 0, "model.cross_layers", m.cross_layers, "must be >= 0")
     _check(m.sharding in SHARDINGS, "model.sharding", m.sharding, f"must be one of {', '.join(SHARDINGS)}")
-    _check(not m.dynamic_tables or m.kind == "dlrm", "model.dynamic_tables", m.dynamic_tables,
-           "needs model.kind = dlrm (categorical features of synthetic-ctr, criteo or csv data)")
+    _check(not m.dynamic_tables or kind.parts == ("deep",), "model.dynamic_tables", m.dynamic_tables,
+           "needs model.kind = dlrm or dcn (embeddings only: the wide part's tables are fixed)")
     _check(m.dynamic_capacity >= 0, "model.dynamic_capacity", m.dynamic_capacity, "must be >= 0 (0: auto)")
     _check(m.admit_min_count >= 1, "model.admit_min_count", m.admit_min_count, "must be >= 1")
     _check(m.evict in ("lru", "lfu"), "model.evict", m.evict, "must be lru or lfu")
@@ -134,7 +136,10 @@ def validate(cfg: Config) -> None:
            "job.deterministic", j.deterministic, f"needs job.mode = sync (the order of updates in {j.mode} depends "
            f"on timing)")
     _check(j.progress_timeout >= 0, "job.progress_timeout", j.progress_timeout, "must be >= 0 (0: wait forever)")
-    _check(j.steps >= 0 and j.epochs >= 0, "job.steps", j.steps, "steps and epochs must be >= 0")
+    _check(j.steps >= 0, "job.steps", j.steps, "must be >= 0")
+    _check(j.epochs >= 0 or j.epochs == AUTO_EPOCHS, "job.epochs", "auto" if j.epochs == AUTO_EPOCHS else j.epochs,
+           "must be >= 0 or \"auto\"")
+    _check(j.max_epochs >= 1, "job.max_epochs", j.max_epochs, "must be >= 1")
     _check(j.log_every >= 1, "job.log_every", j.log_every, "must be >= 1")
     _check(j.eval_every >= 0, "job.eval_every", j.eval_every, "must be >= 0")
     _check(j.early_stop_patience >= 0, "job.early_stop_patience", j.early_stop_patience, "must be >= 0 (0: never)")
@@ -158,7 +163,7 @@ def validate(cfg: Config) -> None:
         expand_inputs(d.path, "data.path")                # a missing file, a glob matching nothing
         if d.eval_path:
             expand_inputs(d.eval_path, "data.eval_path")
-        _check(j.steps > 0 or j.epochs > 0, "job.epochs", j.epochs, "set job.steps or job.epochs > 0")
+        _check(j.steps > 0 or j.epochs != 0, "job.epochs", j.epochs, "set job.steps, or job.epochs > 0 or \"auto\"")
     _check(d.hash_rows >= 1, "data.hash_rows", d.hash_rows, "must be >= 1")
     _check(d.reader in ("auto", "stream", "memory"), "data.reader", d.reader, "must be auto, stream or memory")
     _check(d.stream_split in ("shares", "batches"), "data.stream_split", d.stream_split, "must be shares or batches")
@@ -205,11 +210,13 @@ def validate(cfg: Config) -> None:
     parse_permissions(c.file_mode, "checkpoint.file_mode")
     if c.resume not in ("auto", "none"):
         _check(Path(c.resume).exists(), "checkpoint.resume", c.resume, "no such checkpoint")
-    for sec_name in ("sparse", "dense"):
+    for sec_name in ("sparse", "wide", "dense"):
         sec = getattr(cfg.optimizer, sec_name)
         key = f"optimizer.{sec_name}"
+        if sec_name == "wide" and not sec.name:
+            continue                                  # as optimizer.sparse
         try:
-            if sec_name == "sparse":
+            if sec_name in ("sparse", "wide"):
                 build_sparse_optimizer(sec, max(j.steps, 1))
             else:
                 _check(sec.name in ("sgd", "momentum", "adagrad", "adam"), f"{key}.name", sec.name,

@@ -3,10 +3,11 @@
 import dataclasses
 from dataclasses import dataclass, field, fields
 
-__all__ = ["Config", "config_keys", "FORMATS", "MODELS", "ENV_ALIASES"]
+__all__ = ["Config", "config_keys", "FORMATS", "MODELS", "AUTO_EPOCHS", "ENV_ALIASES"]
 
 FORMATS = ("synthetic-ctr", "criteo", "csv", "ratings")
-MODELS = ("dlrm", "mf")
+MODELS = ("lr", "wide_deep", "deepfm", "dcn", "dlrm", "mf")    # hpcps.models registers each
+AUTO_EPOCHS = -1               # job.epochs = "auto", as the int it is kept as
 # short environment names, kept from before these settings were config keys
 ENV_ALIASES = {"HPCPS_NUM_PS": "job.num_ps", "HPCPS_MODE": "job.mode", "HPCPS_TRANSPORT": "job.transport",
                "HPCPS_WAIT": "job.wait", "HPCPS_RMA_READ": "job.rma_read", "HPCPS_MPI_THREADS": "job.mpi_threads",
@@ -21,7 +22,8 @@ class JobConfig:
     num_ps: int = 1             # PS ranks
     mode: str = "sync"          # sync | async | ssp:S
     steps: int = 3000           # training steps (used when epochs = 0)
-    epochs: int = 0             # passes over file data; > 0 overrides steps
+    epochs: int = 0             # passes over file data; > 0 overrides steps; "auto": until eval stops improving
+    max_epochs: int = 20        # epochs = "auto": at most this many passes
     seed: int = 0
     transport: str = "auto"     # auto | rma
     log_every: int = 20         # steps between metrics records
@@ -74,10 +76,12 @@ class DataConfig:
 
 @dataclass
 class ModelConfig:
-    kind: str = "dlrm"          # dlrm | mf
+    kind: str = "dlrm"          # lr | wide_deep | deepfm | dcn | dlrm (CTR) | mf (ratings)
     dim: int = 16
     bottom_mlp: list = field(default_factory=lambda: [64])
-    top_mlp: list = field(default_factory=lambda: [64, 32])
+    top_mlp: list = field(default_factory=lambda: [64, 32])   # dlrm: over the interactions; wide_deep,
+    #                             deepfm, dcn: the deep part's hidden layers
+    cross_layers: int = 3       # dcn: full-rank cross layers before the MLP
     device: str = "cpu"         # cpu | cuda (dense layers; tables stay on the PS ranks)
     dense_backend: str = "auto"  # auto: nccl for cuda; cpu: shm if the workers share a node, else mpi | shm | mpi | nccl
     bucket_mb: float = 4.0
@@ -122,6 +126,8 @@ class SparseOptimizerSection(OptimizerSection):
 @dataclass
 class OptimizerConfig:
     sparse: SparseOptimizerSection = field(default_factory=lambda: SparseOptimizerSection(name="adagrad", lr=0.15))
+    # the wide (one-dim, linear) tables of lr, wide_deep and deepfm; name "" = as [optimizer.sparse]
+    wide: SparseOptimizerSection = field(default_factory=lambda: SparseOptimizerSection(name=""))
     dense: OptimizerSection = field(default_factory=lambda: OptimizerSection(name="adam", lr=0.001))
 
 

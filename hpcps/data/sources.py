@@ -13,7 +13,7 @@ at the cost of reading the input once per worker).
 from ..core.inputs import expand_inputs
 from .columns import criteo_layout, resolve_layout
 from .stream import PARSE_LINES, Lines, StreamData, read_all
-from .tabular import TabularData
+from .tabular import TabularData, epoch_steps
 from .textfiles import index_file
 
 __all__ = ["delimited", "header_rule", "MEMORY_BYTES"]
@@ -148,7 +148,7 @@ def delimited(d, seed: int, num_workers: int, worker: int, comm=None, reads: boo
     if not reads:
         if n < d.batch_size:
             raise ValueError(f"the training data has {n} samples, fewer than data.batch_size = {d.batch_size}")
-        return _Shape(lay, n // d.batch_size, stats)
+        return _Shape(lay, epoch_steps(n, d.batch_size), stats)
     data = TabularData("ctr", lay.tables, arrays[0], arrays[1], d.batch_size, num_workers, worker, seed, stats)
     stats["reader"] = "memory"
     return data

@@ -1,11 +1,19 @@
-"""Reference models: DLRM-style CTR and matrix factorisation."""
+"""The model kinds (``model.kind``): each module registers one or more (``registry``)."""
 
 import torch
 
+from . import dcn, linear, wide_deep  # noqa: F401  (registration)
 from .dlrm import DLRM, mlp
+from .layers import CrossNetwork, StackedLookup, fm_interaction
+from .linear import LogisticRegression
 from .mf import MatrixFactorization
+from .registry import PARTS, ModelKind, get_kind, kinds, register
+from .wide_deep import WideAndDeep
+from .dcn import DCNv2
 
-__all__ = ["DLRM", "mlp", "MatrixFactorization", "embedding_penalty"]
+__all__ = ["DLRM", "mlp", "MatrixFactorization", "LogisticRegression", "WideAndDeep", "DCNv2", "CrossNetwork",
+           "StackedLookup", "fm_interaction", "embedding_penalty", "ModelKind", "register", "get_kind", "kinds",
+           "PARTS"]
 
 
 def embedding_penalty(model) -> torch.Tensor:

@@ -4,6 +4,7 @@ feature, pairwise dot interaction, top MLP, one logit."""
 import torch
 from torch import nn
 
+from .registry import ModelKind, register
 
 __all__ = ["DLRM", "mlp", "pair_spread", "pairwise_dots"]
 
@@ -106,3 +107,7 @@ class DLRM(nn.Module):
         inter = pairwise_dots(T, self._pairs, self._spread)              # (B, n (n - 1) / 2)
         top_in = torch.cat([x, inter], dim=1) if x is not None else inter
         return self.top(top_in).squeeze(1)
+
+
+register(ModelKind("dlrm", "ctr", ("deep",), lambda cfg, data, parts: DLRM(
+    parts["deep"], data.num_dense, cfg.model.dim, cfg.model.bottom_mlp, cfg.model.top_mlp, dropout=cfg.model.dropout)))

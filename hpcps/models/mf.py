@@ -3,6 +3,8 @@
 import torch
 from torch import nn
 
+from .registry import ModelKind, register
+
 __all__ = ["MatrixFactorization"]
 
 
@@ -24,3 +26,16 @@ class MatrixFactorization(nn.Module):
         u, i, bu, bi = self.user(users), self.item(items), self.user_bias(users), self.item_bias(items)
         self.looked_up = [u, i, bu, bi]
         return (u * i).sum(dim=1) + bu.squeeze(1) + bi.squeeze(1) + self.mu
+
+
+def _tables(cfg, data) -> list:
+    """Users' and items' factors (``model.init`` auto: normal, std 0.1) and their biases (zeros)."""
+    dim, kind, scale = cfg.model.dim, cfg.model.init, cfg.model.init_scale or 0.1
+    (_, nu), (_, ni) = data.tables
+    kind = "normal" if kind == "auto" else kind
+    return [("users", nu, dim, kind, scale), ("items", ni, dim, kind, scale), ("user_bias", nu, 1, "zeros", 0.0),
+            ("item_bias", ni, 1, "zeros", 0.0)]
+
+
+register(ModelKind("mf", "ratings", (), lambda cfg, data, tables: MatrixFactorization(
+    tables, global_bias=getattr(data, "mean_rating", 0.0)), mlps=False, tables=_tables))

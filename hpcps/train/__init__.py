@@ -4,9 +4,9 @@ optimizers from the config), ``worker`` (the worker's loop), ``evaluation`` (los
 
 from ..stopping import EXIT_CHECKPOINTED
 from .build import (FUSED_TABLE, build_model, dense_optimizer, dense_schedule, fused_tables, make_tables,
-                    table_specs, total_steps)
+                    table_parts, table_specs, total_steps)
 from .driver import train
 from .evaluation import evaluate, export_weights, step_loss
 
-__all__ = ["train", "total_steps", "table_specs", "fused_tables", "FUSED_TABLE", "dense_optimizer", "dense_schedule",
+__all__ = ["train", "total_steps", "table_specs", "table_parts", "fused_tables", "FUSED_TABLE", "dense_optimizer", "dense_schedule",
            "build_model", "make_tables", "evaluate", "export_weights", "step_loss", "EXIT_CHECKPOINTED"]

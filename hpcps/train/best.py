@@ -6,12 +6,15 @@ import logging
 import numpy as np
 
 from ..checkpoint import store, tools
+from ..config import AUTO_EPOCHS
 from ..config.rules import BEST_METRICS
 from .evaluation import save_arrays
 
 __all__ = ["Evaluations", "default_metric", "stopped_early"]
 
 logger = logging.getLogger(__name__)
+
+AUTO_PATIENCE = 2       # job.epochs = "auto" with job.early_stop_patience = 0: stop after 2 evaluations without a better one
 
 
 def default_metric(task: str) -> str:
@@ -35,7 +38,8 @@ class Evaluations:
         self.metric = cfg.checkpoint.keep_best or default_metric(task)
         self.maximise = BEST_METRICS[self.metric][1]
         self.keep = bool(cfg.checkpoint.keep_best) and ckpt is not None
-        self.patience, self.comm, self.lead, self.ckpt = cfg.job.early_stop_patience, comm, lead, ckpt
+        self.patience = cfg.job.early_stop_patience or (AUTO_PATIENCE if cfg.job.epochs == AUTO_EPOCHS else 0)
+        self.comm, self.lead, self.ckpt = comm, lead, ckpt
         state = (manifest or {}).get("evaluations", {})
         self.best, self.since, self.count = state.get("best"), state.get("since", 0), state.get("count", 0)
         self.stopped_early = False

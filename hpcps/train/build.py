@@ -7,20 +7,21 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from ..config import Config, build_sparse_optimizer, resolve_switch
+from ..config import AUTO_EPOCHS, Config, build_sparse_optimizer, resolve_switch
 from ..core.optimizers import LRSchedule
 from ..core.settings import parse_mode
 from ..dense.optim import make_dense_optimizer
-from ..models import DLRM, MatrixFactorization
+from ..models import PARTS, StackedLookup, get_kind
 from ..sparse import EmbeddingTable
 from ..sparse.dynamic import DynamicEmbeddingTable
 
-__all__ = ["total_steps", "table_specs", "dynamic_capacity", "fused_tables", "FUSED_TABLE", "dense_optimizer", "dense_schedule",
-           "build_model", "make_tables", "pipeline_switches", "resolve_local_full_every"]
+__all__ = ["total_steps", "table_specs", "table_parts", "tables_by_part", "dynamic_capacity", "fused_tables", "FUSED_TABLE", "dense_optimizer", "dense_schedule",
+           "build_model", "make_tables", "pipeline_switches", "resolve_local_full_every",
+           "resolve_auto_epochs"]
 
 logger = logging.getLogger(__name__)
 
-FUSED_TABLE = "embeddings"      # the table-batched table's name (model.fuse_tables)
+FUSED_TABLE = PARTS["deep"]     # the deep part's table-batched table (model.fuse_tables)
 # checkpoint.local_full_every = 0 (auto): every node-local checkpoint full while a PS's shard (rows
 # and optimizer state) is at most this; above, a full one every AUTO_FULL_EVERY. On the main job
 # (11 MB a shard) a delta held a quarter of the rows and took 0.07 s to write against a full one's
@@ -30,37 +31,70 @@ AUTO_FULL_EVERY = 10
 
 
 def total_steps(cfg: Config, data) -> int:
-    """Steps the job runs: ``job.epochs`` passes over file data when set, else ``job.steps``. Local."""
+    """Steps the job runs: ``job.epochs`` passes over file data when set (``auto``: at most
+    ``job.max_epochs``; early stopping ends it), else ``job.steps``. Local."""
+    if cfg.job.epochs == AUTO_EPOCHS:
+        return cfg.job.max_epochs * data.steps_per_epoch
     if cfg.job.epochs:
         return cfg.job.epochs * data.steps_per_epoch
     return cfg.job.steps
 
 
+def table_parts(cfg: Config, data) -> list:
+    """``[(part, specs)]``: the model's tables, ``specs`` as :func:`table_specs` gives them, by part
+    (``hpcps.models.PARTS``: one table per categorical feature in each; a kind that lists its own
+    tables, MF, has one part named ""). ``model.init`` and ``model.init_scale`` (0: the model's
+    default) set the deep part's rows, ``auto`` meaning DLRM's reference initialiser, uniform in
+    +-sqrt(1/rows) per table; the wide part's rows start at zero (logistic regression's start).
+    Local."""
+    kind = get_kind(cfg.model.kind)
+    if kind.tables is not None:
+        return [("", kind.tables(cfg, data))]
+    init = "uniform" if cfg.model.init == "auto" else cfg.model.init
+    parts = []
+    for part in kind.parts:
+        if part == "wide":
+            parts.append((part, [(f"wide_{name}", rows, 1, "zeros", 0.0) for name, rows in data.tables]))
+        else:
+            parts.append((part, [(name, rows, cfg.model.dim, init, cfg.model.init_scale or float(np.sqrt(1.0 / rows)))
+                                 for name, rows in data.tables]))
+    return parts
+
+
 def table_specs(cfg: Config, data) -> list:
-    """[(name, rows, dim, init, init_scale)] of the model's tables: ``model.init`` and
-    ``model.init_scale`` (0: the model's default), ``auto`` meaning what suits the model: DLRM's
-    reference initialiser, uniform in +-sqrt(1/rows) per table; for MF small factors (normal,
-    std 0.1) and zero biases. Local."""
-    dim, kind, scale = cfg.model.dim, cfg.model.init, cfg.model.init_scale or None
-    if cfg.model.kind == "mf":
-        (_, nu), (_, ni) = data.tables
-        kind, scale = ("normal" if kind == "auto" else kind), (scale or 0.1)
-        return [("users", nu, dim, kind, scale), ("items", ni, dim, kind, scale), ("user_bias", nu, 1, "zeros", 0.0),
-                ("item_bias", ni, 1, "zeros", 0.0)]
-    kind = "uniform" if kind == "auto" else kind
-    return [(name, rows, dim, kind, scale or float(np.sqrt(1.0 / rows))) for name, rows in data.tables]
+    """[(name, rows, dim, init, init_scale)] of the model's tables, every part's in turn
+    (:func:`table_parts`). Local."""
+    return [spec for _, specs in table_parts(cfg, data) for spec in specs]
+
+
+def tables_by_part(cfg: Config, data, tables: list) -> dict:
+    """``{part: the hpcps tables holding it}`` of :func:`make_tables`'s ``tables`` (a part's tables
+    come together, in :func:`table_parts`'s order; a fused part is one table). Local."""
+    out, at = {}, 0
+    for part, specs in table_parts(cfg, data):
+        n = 1 if fused_tables(cfg, specs) else len(specs)
+        out[part] = tables[at:at + n]
+        at += n
+    return out
+
+
+def part_optimizer(cfg: Config, part: str, steps: int):
+    """The sparse optimizer of a part's tables: ``[optimizer.wide]`` for the wide part when its
+    name is set, else ``[optimizer.sparse]``. Local."""
+    sec = cfg.optimizer.wide if part == "wide" and cfg.optimizer.wide.name else cfg.optimizer.sparse
+    return build_sparse_optimizer(sec, steps)
 
 
 def shard_bytes(cfg: Config, data, steps: int, num_ps: int) -> int:
     """About the bytes one PS holds of rows and optimizer state (float32), from the config: the
     tables' rows (a dynamic table's capacity) over the PS ranks. Local; alike on every rank."""
-    opt = build_sparse_optimizer(cfg.optimizer.sparse, steps)
     if cfg.model.dynamic_tables:
-        tables = [(dynamic_capacity(cfg, data), cfg.model.dim)]
+        tables = [(dynamic_capacity(cfg, data), cfg.model.dim, "deep")]
     else:
-        tables = [(rows, dim) for _, rows, dim, _, _ in table_specs(cfg, data)]
+        tables = [(rows, dim, part) for part, specs in table_parts(cfg, data) for _, rows, dim, _, _ in specs]
     total = 0
-    for rows, dim in tables:
+    for rows, dim, part in tables:
+        opt = part_optimizer(cfg, part, steps)
         state = sum(int(np.prod(shape[1:], dtype=np.int64)) for shape in opt.state_shapes(1, dim).values())
         total += rows * (dim + state) * 4
     return -(-total // max(num_ps, 1))
@@ -77,10 +111,23 @@ def resolve_local_full_every(cfg: Config, data, steps: int, num_ps: int) -> Conf
     return dataclasses.replace(cfg, checkpoint=dataclasses.replace(c, local_full_every=full))
 
 
+def resolve_auto_epochs(cfg: Config, task: str) -> Config:
+    """``cfg`` with what ``job.epochs = "auto"`` implies where the config left it open: the best
+    evaluation kept as a checkpoint (``checkpoint.keep_best``: AUC for CTR, RMSE for ratings)
+    where there is a ``checkpoint.dir``, and ``job.export`` writing that best checkpoint's weights.
+    Local; alike on every rank."""
+    if cfg.job.epochs != AUTO_EPOCHS:
+        return cfg
+    keep = cfg.checkpoint.keep_best or ("" if not cfg.checkpoint.dir else "auc" if task == "ctr" else "rmse")
+    job = dataclasses.replace(cfg.job, export_best=cfg.job.export_best or bool(cfg.job.export and keep))
+    return dataclasses.replace(cfg, job=job, checkpoint=dataclasses.replace(cfg.checkpoint, keep_best=keep))
+
+
 def fused_tables(cfg: Config, specs) -> bool:
-    """Whether the job keeps the model's tables in one table-batched table (``model.fuse_tables``,
-    a DLRM whose tables share dim and initialiser kind; each keeps its own scale). Local."""
-    return (cfg.model.fuse_tables and cfg.model.kind == "dlrm" and len(specs) > 1
+    """Whether the job keeps a part's tables ``specs`` in one table-batched table
+    (``model.fuse_tables``, a CTR kind's part of several tables that share dim and initialiser kind;
+    each keeps its own scale). Local."""
+    return (cfg.model.fuse_tables and get_kind(cfg.model.kind).tables is None and len(specs) > 1
             and len({(dim, kind) for _, _, dim, kind, _ in specs}) == 1)
 
 
@@ -109,11 +156,18 @@ def dense_optimizer(sec, params):
 
 
 def build_model(cfg: Config, embeddings, data) -> torch.nn.Module:
-    """The model over the given embedding modules (hpcps or torch). Local."""
-    if cfg.model.kind == "mf":
-        return MatrixFactorization(embeddings, global_bias=getattr(data, "mean_rating", 0.0))
-    return DLRM(embeddings, data.num_dense, cfg.model.dim, cfg.model.bottom_mlp, cfg.model.top_mlp,
-                dropout=cfg.model.dropout)
+    """The model (``model.kind``) over the given embedding modules: ``{part: lookup}`` (hpcps
+    collections in training), or one ``(B,) -> (B, dim)`` module per table in
+    :func:`table_specs`'s order (torch's, in the single-process reference: each part's are
+    stacked into one lookup). Local."""
+    kind = get_kind(cfg.model.kind)
+    if kind.tables is not None or isinstance(embeddings, dict):
+        return kind.build(cfg, data, embeddings)
+    lookups, at = {}, 0
+    for part, specs in table_parts(cfg, data):
+        lookups[part] = StackedLookup(embeddings[at:at + len(specs)])
+        at += len(specs)
+    return kind.build(cfg, data, lookups)
 
 
 def pipeline_switches(cfg: Config, ctx) -> dict:
@@ -160,14 +214,19 @@ def make_tables(cfg: Config, ctx, data, steps: int, pipe: dict) -> list:
                                       scale=scale)]
     kind, _ = parse_mode(ctx.mode)
     c = cfg.checkpoint
-    options = dict(optimizer=build_sparse_optimizer(cfg.optimizer.sparse, steps), seed=cfg.job.seed,
-                   transport=cfg.job.transport, track_dirty=bool(c.dir) and (c.full_every > 1 or bool(c.local_every) and c.local_full_every > 1),
+    options = dict(seed=cfg.job.seed, transport=cfg.job.transport,
+                   track_dirty=bool(c.dir) and (c.full_every > 1 or bool(c.local_every) and c.local_full_every > 1),
                    track_versions=pipe["prefetch"] and kind != "async", pull_dtype=cfg.pipeline.pull_dtype,
                    push_dtype=cfg.pipeline.push_dtype, sharding=cfg.model.sharding)
-    specs = table_specs(cfg, data)
-    if fused_tables(cfg, specs):
-        (_, _, dim, kind, _) = specs[0]
-        return [EmbeddingTable(ctx, FUSED_TABLE, sum(s[1] for s in specs), dim, init=kind,
-                               init_scale=[s[4] for s in specs], segments=[(s[0], s[1]) for s in specs], **options)]
-    return [EmbeddingTable(ctx, name, rows, dim, init=kind, init_scale=scale, **options)
-            for name, rows, dim, kind, scale in specs]
+    tables = []
+    for part, specs in table_parts(cfg, data):
+        opt = part_optimizer(cfg, part, steps)
+        if fused_tables(cfg, specs):
+            (_, _, dim, init, _) = specs[0]
+            tables.append(EmbeddingTable(ctx, PARTS[part], sum(s[1] for s in specs), dim, init=init, optimizer=opt,
+                                         init_scale=[s[4] for s in specs], segments=[(s[0], s[1]) for s in specs],
+                                         **options))
+        else:
+            tables += [EmbeddingTable(ctx, name, rows, dim, init=init, init_scale=scale, optimizer=opt, **options)
+                       for name, rows, dim, init, scale in specs]
+    return tables

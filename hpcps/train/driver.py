@@ -18,10 +18,11 @@ from ..context import init
 from ..data import make_data
 from ..data.loader import BatchAhead, placement
 from ..data.loader import supported as loader_supported
+from ..models import get_kind
 from ..nn import IdPlan
 from ..stopping import StopRequest
 from .best import stopped_early
-from .build import make_tables, pipeline_switches, resolve_local_full_every, total_steps
+from .build import make_tables, pipeline_switches, resolve_auto_epochs, resolve_local_full_every, total_steps
 from .layout import backend_name, gather_layout, layout_line
 from .recovery import load_level, open_checkpointer, record_start
 from .telemetry import peak_rss
@@ -59,7 +60,7 @@ def train(cfg: Config) -> dict | None:
         data = make_data(cfg.data, j.seed, ctx.num_workers, max(ctx.worker_rank, 0), world, not ctx.is_ps,
                          raw_keys=cfg.model.dynamic_tables)
         steps = total_steps(cfg, data)
-        cfg = resolve_local_full_every(cfg, data, steps, ctx.num_ps)
+        cfg = resolve_local_full_every(resolve_auto_epochs(cfg, data.task), data, steps, ctx.num_ps)
         pipe = pipeline_switches(cfg, ctx)
         tables = make_tables(cfg, ctx, data, steps, pipe)
         layout = gather_layout(ctx, tables)            # on the first worker
@@ -126,7 +127,7 @@ def _loader(cfg, ctx, data, start: int, steps: int, tables) -> BatchAhead | None
     """This worker's :class:`BatchAhead` where ``pipeline.loader`` asks for one, else None. ``auto``:
     where each worker and each loader of this node can have a CPU of its own (the PS ranks mostly
     wait); then the worker and its loader are pinned apart (``hpcps.data.loader.placement``). For
-    DLRM the loader also checks and indexes each batch's ids (:class:`hpcps.nn.IdPlan`). Local."""
+    a kind of one part (DLRM, LR) the loader also checks and indexes each batch's ids (:class:`hpcps.nn.IdPlan`). Local."""
     ps = set(ctx.ps_world_ranks)
     here = sorted(r for r in ctx.node_ranks if r not in ps)
     fits = 2 * len(here) <= ctx.node_cpus
@@ -137,7 +138,8 @@ def _loader(cfg, ctx, data, start: int, steps: int, tables) -> BatchAhead | None
         logger.warning("hpcps: pipeline.loader = on needs Linux on x86-64; drawing batches in the worker")
         return None
     annex = None
-    if cfg.model.kind == "dlrm" and not cfg.model.dynamic_tables:     # (a dynamic table's keys are not rows)
+    # one part's collection of every table (a dynamic table's keys are not rows; several parts plan their own)
+    if len(get_kind(cfg.model.kind).parts) == 1 and not cfg.model.dynamic_tables:
         plan = IdPlan(tables)
 
         def annex(batch):

@@ -24,15 +24,18 @@ import torch
 from mpi4py import MPI
 
 from .. import checkpoint as ckpt_mod
+from ..config import AUTO_EPOCHS
 from ..core import malloc
 from ..core.settings import parse_mode
 from ..dense import DenseSync
 from ..metrics import MetricsLog
+from ..models import get_kind
 from ..nn import IdPlan, ShardedEmbeddingBag, ShardedEmbeddingCollection
 from ..nn_dynamic import DynamicEmbeddingCollection
+from ..nn_parts import ShardedEmbeddingParts
 from ..sparse.pipeline import CommThread, PushBatch, RowCache
 from .best import Evaluations
-from .build import build_model, dense_optimizer, dense_schedule
+from .build import build_model, dense_optimizer, dense_schedule, tables_by_part
 from .evaluation import evaluate, export_weights, step_loss
 from .recovery import CheckpointTrigger
 from .telemetry import Telemetry, pipeline_summary, thread_level_name, waits
@@ -40,6 +43,8 @@ from .telemetry import Telemetry, pipeline_summary, thread_level_name, waits
 __all__ = ["Worker"]
 
 logger = logging.getLogger(__name__)
+
+COLLECTIONS = (ShardedEmbeddingCollection, ShardedEmbeddingParts)    # lookups of every table at once
 
 
 def _device(cfg, comm: MPI.Comm) -> torch.device:
@@ -76,12 +81,8 @@ class Worker:
                                          comm=self.comm_thread, cache=None if dynamic else cache,
                                          batch=None if dynamic else self.pushes)
                      for t, cache in zip(tables, caches)]
-        # DLRM looks every table up at once (one autograd node and one hook for all of them)
-        if dynamic:
-            self.lookup = DynamicEmbeddingCollection(self.embs[0], len(data.tables))
-        else:
-            self.lookup = ShardedEmbeddingCollection(self.embs) if cfg.model.kind == "dlrm" else self.embs
-        self.model = build_model(cfg, self.lookup, data).to(self.device)
+        self.lookup, lookups = self._lookups(cfg, data, dynamic)
+        self.model = build_model(cfg, lookups, data).to(self.device)
         self.dense = DenseSync(self.model, self.comm, backend=cfg.model.dense_backend, bucket_mb=cfg.model.bucket_mb,
                                nccl_host=cfg.model.nccl_host or None)
         self.opt = dense_optimizer(cfg.optimizer.dense, self.model.parameters())
@@ -98,7 +99,7 @@ class Worker:
         # the reading plan of a streamed epoch (hpcps.data.plan): a restart continues where it stopped
         plan = getattr(data, "state", lambda step: None)
         self.trigger.meta = lambda step: {"evaluations": self.evals.state(), "data_plan": plan(step)}
-        epoch = data.steps_per_epoch if cfg.job.eval_each_epoch else None
+        epoch = data.steps_per_epoch if cfg.job.eval_each_epoch or cfg.job.epochs == AUTO_EPOCHS else None
         self.eval_every = [k for k in (cfg.job.eval_every, epoch) if k]
         self.eval_post = {}                                # worker 0: the last evaluation, on the bar
         self.log = MetricsLog(cfg.metrics.path if self.lead else "")
@@ -119,8 +120,25 @@ class Worker:
         # (~0.25 ms in the main job at 1 PS + 1 worker) is shorter than the PS's apply (~0.5 ms), which
         # bounds the step. Where the worker's own work is longer (no loader: it draws and plans the
         # next batch there, ~0.85 ms), starting the PS earlier gains nothing, and measured 3-4% slower.
-        self.early = (isinstance(self.lookup, ShardedEmbeddingCollection) and loader is not None
+        self.early = (isinstance(self.lookup, COLLECTIONS) and loader is not None
                       and loader.annex is not None)
+
+    def _lookups(self, cfg, data, dynamic: bool):
+        """``(the lookup the loop drives, what the model is built over)``. A CTR kind looks each part's
+        tables up at once (one autograd node and one hook for all of them): one collection, or
+        :class:`ShardedEmbeddingParts` over a collection per part; MF its tables one by one."""
+        if dynamic:
+            lookup = DynamicEmbeddingCollection(self.embs[0], len(data.tables))
+            return lookup, {"deep": lookup}
+        if get_kind(cfg.model.kind).tables is not None:
+            return self.embs, self.embs
+        bags = dict(zip(self.tables, self.embs))
+        parts = {part: ShardedEmbeddingCollection([bags[t] for t in tables])
+                 for part, tables in tables_by_part(cfg, data, self.tables).items()}
+        if len(parts) == 1:
+            return next(iter(parts.values())), parts
+        lookup = ShardedEmbeddingParts(parts)
+        return lookup, {part: lookup[part] for part in parts}
 
     # ------------------------------------------------------------ reporting a step done
     def _report(self, step: int) -> None:
@@ -147,7 +165,7 @@ class Worker:
         self.next_batch = self.draw(step + 1)
         t_data = time.perf_counter() - td
         refresh = None if self.kind == "async" else step - self.bound
-        if isinstance(self.lookup, ShardedEmbeddingCollection):
+        if isinstance(self.lookup, COLLECTIONS):
             self.lookup.prefetch(self.next_batch.sparse, step + 1, refresh_above=refresh)
         else:
             for e, ids in zip(self.embs, self.next_batch.sparse):
@@ -158,7 +176,7 @@ class Worker:
         """Draw the next batch now: it fills time this worker would spend waiting for the other
         workers' gradients and for the PS's apply of this step (the data depend on neither)."""
         self.next_batch = self.draw(step + 1)
-        if isinstance(self.lookup, ShardedEmbeddingCollection):
+        if isinstance(self.lookup, COLLECTIONS):
             # its ids checked and indexed now (by the loader, if on), not in the next forward
             made = self.loader.annex_of(step + 1) if self.loader is not None else None
             self.lookup.prepare(self.next_batch.sparse, IdPlan.unpack(made) if made else None)

@@ -1,0 +1,49 @@
+"""Building blocks the CTR kinds share: lookups over plain torch embeddings, the first-order (wide)
+term, the factorisation machine's pairwise term, DCN-v2's cross layers. Local."""
+
+import torch
+from torch import nn
+
+__all__ = ["StackedLookup", "first_order", "fm_interaction", "CrossNetwork"]
+
+
+class StackedLookup(nn.Module):
+    """One ``(B,) ids -> (B, dim)`` module per feature (``torch.nn.EmbeddingBag`` in the
+    single-process reference) as one lookup: ``forward([ids per feature]) -> (B, features, dim)``,
+    what ``hpcps.nn.ShardedEmbeddingCollection`` gives in training."""
+
+    def __init__(self, embeddings):
+        super().__init__()
+        self.tables = nn.ModuleList(embeddings)
+
+    def __len__(self) -> int:
+        return len(self.tables)
+
+    def forward(self, sparse):
+        return torch.stack([t(ids.view(-1, 1)) for t, ids in zip(self.tables, sparse)], dim=1)
+
+
+def first_order(weights: torch.Tensor) -> torch.Tensor:
+    """``(B, features, 1)`` wide weights -> ``(B,)``: their sum, the linear model's sparse part."""
+    return weights.sum(dim=(1, 2))
+
+
+def fm_interaction(emb: torch.Tensor) -> torch.Tensor:
+    """``(B, features, dim)`` -> ``(B,)``: the sum over feature pairs of their dot products,
+    ``((sum v)^2 - sum v^2) / 2`` summed over dim (Rendle's identity: linear in the features)."""
+    s = emb.sum(dim=1)
+    return 0.5 * (s * s - (emb * emb).sum(dim=1)).sum(dim=1)
+
+
+class CrossNetwork(nn.Module):
+    """DCN-v2's cross layers (Wang et al. 2021, full rank): ``x_{l+1} = x0 * (W_l x_l + b_l) + x_l``."""
+
+    def __init__(self, width: int, layers: int):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(width, width) for _ in range(layers))
+
+    def forward(self, x0: torch.Tensor) -> torch.Tensor:
+        x = x0
+        for layer in self.layers:
+            x = x0 * layer(x) + x
+        return x

@@ -1,0 +1,43 @@
+"""``model.kind = "lr"``: logistic regression on the PS. A weight per table row (one-dim rows of
+the wide part, trained by [optimizer.wide]) and per dense feature, and a bias: hashed logistic
+regression as ``hpcps baseline`` fits it, trained as the other kinds are."""
+
+import torch
+from torch import nn
+
+from .layers import first_order
+from .registry import ModelKind, register
+
+__all__ = ["LogisticRegression", "DenseLinear"]
+
+
+class DenseLinear(nn.Module):
+    """The dense features' weights and the bias, at zero: ``(B, num_dense) -> (B,)``."""
+
+    def __init__(self, num_dense: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(num_dense))
+        self.bias = nn.Parameter(torch.zeros(()))
+
+    def forward(self, dense):
+        return (dense @ self.weight if self.weight.numel() else dense.new_zeros(dense.shape[0])) + self.bias
+
+
+class LogisticRegression(nn.Module):
+    """``forward(dense, [ids per feature]) -> logits (B,)``: the sum of the ids' wide weights plus
+    :class:`DenseLinear`. ``wide``: a lookup of ``(B, features, 1)``."""
+
+    def __init__(self, wide, num_dense: int):
+        super().__init__()
+        self.wide = wide
+        self.linear = DenseLinear(num_dense)
+        self.looked_up = []
+
+    def forward(self, dense, sparse):
+        w = self.wide(sparse)
+        self.looked_up = [w]
+        return first_order(w) + self.linear(dense)
+
+
+register(ModelKind("lr", "ctr", ("wide",), lambda cfg, data, parts: LogisticRegression(parts["wide"], data.num_dense),
+                   mlps=False))
