@@ -13,7 +13,8 @@ from .errors import HpcpsError
 __all__ = ["main"]
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
-BENCHES = ("e2e", "sparse_grid", "scaling", "checkpoint", "dtype", "hosts", "data", "deterministic", "mpis")   # bench_sparse.py runs under mpiexec itself
+BENCHES = ("e2e", "sparse_grid", "scaling", "checkpoint", "dtype", "hosts", "data", "deterministic", "mpis",
+           "quality")   # bench_sparse.py runs under mpiexec itself
 
 
 def _setup_logging(level: str) -> None:

@@ -218,10 +218,16 @@ def test_epochs_auto_from_a_file_or_set_and_the_model_kinds(tmp_path):
     with pytest.raises(ValueError, match="model.kind = 'xdeepfm': must be one of") as e:
         load_config(f, ["model.kind=xdeepfm"], environ={})
     assert all(k in str(e.value) for k in kinds())
+
+    # what a kind needs of the other keys: checked by hpcps train at start (the kind's registration says)
+    from hpcps.train.build import check_model_kind
     with pytest.raises(ValueError, match="model.dropout = 0.1: a lr model has no MLP"):
-        load_config(f, ["model.kind=lr", "model.dropout=0.1"], environ={})
-    with pytest.raises(ValueError, match="model.dynamic_tables = True: needs model.kind = dlrm or dcn"):
-        load_config(f, ["model.kind=wide_deep", "model.dynamic_tables=true"], environ={})
+        check_model_kind(load_config(f, ["model.kind=lr", "model.dropout=0.1"], environ={}))
+    with pytest.raises(ValueError, match="model.dynamic_tables = True: needs a kind of embeddings only"):
+        check_model_kind(load_config(f, ["model.kind=wide_deep", "model.dynamic_tables=true"], environ={}))
+    check_model_kind(load_config(f, ["model.kind=dcn", "model.dynamic_tables=true"], environ={}))
+    from hpcps.config.schema import MODELS
+    assert set(MODELS) == set(kinds())             # the config's list is the registry's
 
 
 def test_column_names_with_underscores_come_through_set(tmp_path):

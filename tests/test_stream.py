@@ -70,6 +70,19 @@ def test_replan_leaves_no_position_twice_or_out():
             assert sorted(seen) == list(range(steps * batch)), (w0, w1, step, "back")
 
 
+def test_a_streamed_epoch_fills_its_last_batch_from_its_start_and_leaves_no_line_out(tmp_path):
+    """1000 lines in batches of 48: 21 steps an epoch, the last one full with 8 of the epoch's
+    first lines again; every line is read in the epoch, by 2 workers as by 1."""
+    spec = _csv(tmp_path)
+    for workers in (1, 2):
+        parts = [_data(spec, workers, w, "data.batch_size=48") for w in range(workers)]
+        assert parts[0].steps_per_epoch == 21
+        epoch = [sum((_sids(d.train_batch(s)) for d in parts), []) for s in range(21)]
+        assert all(len(b) == 48 for b in epoch)
+        seen = sum(epoch, [])
+        assert sorted(set(seen)) == list(range(1000)) and len(seen) == 1008
+
+
 def test_an_epoch_reads_every_line_once_and_a_restart_with_other_workers_goes_on(tmp_path):
     spec = _csv(tmp_path)                                # one plain part, one gzipped, as a glob
     two = [_data(spec, 2, w) for w in range(2)]

@@ -9,7 +9,7 @@ from ..core.inputs import expand_inputs
 from ..core.layout import PS_LAYOUTS
 from ..core.optimizers import LRSchedule, make_optimizer
 from ..core.settings import RMA_READS, ROW_DTYPES, SHARDINGS, THREAD_LEVELS, TRANSPORTS, WAIT_POLICIES, parse_mode
-from .schema import AUTO_EPOCHS, FORMATS, CheckpointConfig, Config, SparseOptimizerSection
+from .schema import AUTO_EPOCHS, FORMATS, MODELS, CheckpointConfig, Config, SparseOptimizerSection
 
 # the metric that decides the best checkpoint: (task, higher is better)
 BEST_METRICS = {"auc": ("ctr", True), "logloss": ("ctr", False), "rmse": ("ratings", False), "mae": ("ratings", False)}
@@ -69,10 +69,10 @@ def build_sparse_optimizer(sec: SparseOptimizerSection, total_steps: int):
 def _check_model(cfg: Config) -> None:
     """The ``[model]`` checks of :func:`validate`."""
     j, d, m = cfg.job, cfg.data, cfg.model
-    from ..models import get_kind           # (registering the kinds imports torch: only where a config is checked)
-    kind = get_kind(m.kind)
-    if kind.task == "ratings":
-        _check(d.format == "ratings", "model.kind", m.kind, f"{m.kind} needs data.format = ratings")
+    # (what each kind needs of the data and the other keys: hpcps.train.build.check_model_kind)
+    _check(m.kind in MODELS, "model.kind", m.kind, f"must be one of {', '.join(MODELS)}")
+    if m.kind == "mf":                          # the ratings kind; every other is a CTR kind
+        _check(d.format == "ratings", "model.kind", m.kind, "mf needs data.format = ratings")
     else:
         _check(d.format != "ratings", "model.kind", m.kind, "ratings data needs model.kind = mf")
     _check(m.dim >= 1, "model.dim", m.dim, "must be >= 1")
@@ -82,11 +82,8 @@ def _check_model(cfg: Config) -> None:
     _check(m.embedding_l2 >= 0 and math.isfinite(m.embedding_l2), "model.embedding_l2", m.embedding_l2,
            "must be finite and >= 0")
     _check(0 <= m.dropout < 1, "model.dropout", m.dropout, "must be in [0, 1)")
-    _check(m.dropout == 0 or kind.mlps, "model.dropout", m.dropout, f"a {m.kind} model has no MLP to drop out of")
     _check(m.cross_layers >= 0, "model.cross_layers", m.cross_layers, "must be >= 0")
     _check(m.sharding in SHARDINGS, "model.sharding", m.sharding, f"must be one of {', '.join(SHARDINGS)}")
-    _check(not m.dynamic_tables or kind.parts == ("deep",), "model.dynamic_tables", m.dynamic_tables,
-           "needs model.kind = dlrm or dcn (embeddings only: the wide part's tables are fixed)")
     _check(m.dynamic_capacity >= 0, "model.dynamic_capacity", m.dynamic_capacity, "must be >= 0 (0: auto)")
     _check(m.admit_min_count >= 1, "model.admit_min_count", m.admit_min_count, "must be >= 1")
     _check(m.evict in ("lru", "lfu"), "model.evict", m.evict, "must be lru or lfu")

@@ -84,6 +84,21 @@ def stream_ranges(pieces: list, q0: int, q1: int) -> list:
     return out
 
 
+def wrap_ranges(ranges: list, total: int) -> list:
+    """Stream ranges with the positions past an epoch's ``total`` lines taken from its start again:
+    an epoch of ``ceil(total / batch)`` full batches fills its last one with its first lines, so no
+    line is left out (``hpcps.data.stream``). Local, pure."""
+    out = []
+    for a, b in ranges:
+        if b <= total:
+            out.append([a, b])
+        elif a >= total:
+            out.append([a - total, b - total])
+        else:
+            out += [[a, total], [0, b - total]]
+    return out
+
+
 def _ranges(positions: np.ndarray) -> list:
     """Sorted positions as ``[start, end)`` ranges."""
     if positions.shape[0] == 0:

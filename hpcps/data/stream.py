@@ -13,7 +13,8 @@ import numpy as np
 
 from .base import Batch, DataSource, worker_slice
 from .columns import parse_block
-from .plan import Plan, epoch_order, fresh_plan, replan, runs, stream_ranges, window_order
+from .plan import Plan, epoch_order, fresh_plan, replan, runs, stream_ranges, window_order, wrap_ranges
+from .tabular import epoch_steps
 from .textfiles import LineReader
 
 __all__ = ["Lines", "StreamData", "read_all"]
@@ -84,7 +85,7 @@ class StreamData(DataSource):
         self.split = split                      # shares | batches (every worker reads every line)
         if train.total < batch_size:
             raise ValueError(f"the training data has {train.total} lines, fewer than data.batch_size = {batch_size}")
-        self.steps_per_epoch = train.total // batch_size
+        self.steps_per_epoch = epoch_steps(train.total, batch_size)   # the last batch filled from the epoch's start
         self._resumed = None
         self._reader = LineReader(train.files)
         self._epoch = (None, None)              # (epoch, its Lines)
@@ -137,7 +138,7 @@ class StreamData(DataSource):
         self._win = (None, None)                 # free the last window before reading the next
         q0 = j * self.window
         n = min(q0 + self.window, plan.share_len(w)) - q0
-        ranges = stream_ranges(plan.pieces[w], q0, q0 + n)
+        ranges = wrap_ranges(stream_ranges(plan.pieces[w], q0, q0 + n), self.train.total)
         lines = self._lines(plan.epoch)
         dense = np.empty((n, len(self.lay.dense)), np.float32)
         keys = np.empty((n, len(self.lay.categorical)), np.int64)

@@ -15,7 +15,7 @@ from ..models import PARTS, StackedLookup, get_kind
 from ..sparse import EmbeddingTable
 from ..sparse.dynamic import DynamicEmbeddingTable
 
-__all__ = ["total_steps", "table_specs", "table_parts", "tables_by_part", "dynamic_capacity", "fused_tables", "FUSED_TABLE", "dense_optimizer", "dense_schedule",
+__all__ = ["check_model_kind", "total_steps", "table_specs", "table_parts", "tables_by_part", "dynamic_capacity", "fused_tables", "FUSED_TABLE", "dense_optimizer", "dense_schedule",
            "build_model", "make_tables", "pipeline_switches", "resolve_local_full_every",
            "resolve_auto_epochs"]
 
@@ -28,6 +28,22 @@ FUSED_TABLE = PARTS["deep"]     # the deep part's table-batched table (model.fus
 # 0.08 s, while a restart read a full one and 9 deltas in 0.13 s against one file in 0.03 s
 AUTO_FULL_BYTES = 64 << 20
 AUTO_FULL_EVERY = 10
+
+
+def check_model_kind(cfg: Config) -> None:
+    """What ``model.kind`` needs of the data and the other keys (the kind's registration says):
+    ``ValueError`` naming the key. Local; alike on every rank, before any communication."""
+    m, kind = cfg.model, get_kind(cfg.model.kind)
+    ratings = cfg.data.format == "ratings"
+    if kind.task == "ratings" and not ratings:
+        raise ValueError(f"config: model.kind = {m.kind!r}: {m.kind} needs data.format = ratings")
+    if kind.task != "ratings" and ratings:
+        raise ValueError(f"config: model.kind = {m.kind!r}: ratings data needs model.kind = mf")
+    if m.dropout and not kind.mlps:
+        raise ValueError(f"config: model.dropout = {m.dropout!r}: a {m.kind} model has no MLP to drop out of")
+    if m.dynamic_tables and kind.parts != ("deep",):
+        raise ValueError(f"config: model.dynamic_tables = {m.dynamic_tables!r}: needs a kind of embeddings only "
+                         f"(dlrm, dcn): {m.kind}'s wide part has fixed tables")
 
 
 def total_steps(cfg: Config, data) -> int:

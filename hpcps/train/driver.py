@@ -22,7 +22,7 @@ from ..models import get_kind
 from ..nn import IdPlan
 from ..stopping import StopRequest
 from .best import stopped_early
-from .build import make_tables, pipeline_switches, resolve_auto_epochs, resolve_local_full_every, total_steps
+from .build import check_model_kind, make_tables, pipeline_switches, resolve_auto_epochs, resolve_local_full_every, total_steps
 from .layout import backend_name, gather_layout, layout_line
 from .recovery import load_level, open_checkpointer, record_start
 from .telemetry import peak_rss
@@ -42,6 +42,7 @@ def train(cfg: Config) -> dict | None:
     """
     world = MPI.COMM_WORLD
     summary = None
+    check_model_kind(cfg)                                                 # alike on every rank
     if cfg.model.device == "cuda" and not torch.cuda.is_available():      # checked alike on every rank
         raise ValueError("config: model.device = 'cuda' but torch sees no GPU")
     j = cfg.job
