@@ -58,9 +58,10 @@ def train_reference(cfg: Config, steps: int | None = None) -> dict:
     dsched = dense_schedule(cfg.optimizer.dense, steps)
     base = [g["lr"] for g in dopt.param_groups]
     # torch's own sparse optimizer for each optimizer's tables where torch has its lazy form, else None
-    distinct = list({id(o): o for o in opts}.values())
-    sopts = [(_torch_sparse_optimizer(opt, [p for p, o in zip(emb_params, opts) if o is opt]), opt) for opt in distinct]
-    torch_opt = {id(opt): t for t, opt in sopts}
+    torch_opt = {}
+    for o in opts:
+        if id(o) not in torch_opt:
+            torch_opt[id(o)] = _torch_sparse_optimizer(o, [p for p, q in zip(emb_params, opts) if q is o])
     states = [{k: torch.from_numpy(v) for k, v in new_state(o, p.shape[0], p.shape[1]).items()}
               for p, o in zip(emb_params, opts)]
     counts = [0] * len(emb_params)
@@ -84,7 +85,7 @@ def train_reference(cfg: Config, steps: int | None = None) -> dict:
         for g, lr in zip(dopt.param_groups, base):
             g["lr"] = lr * f
         dopt.step()
-        for t, _ in sopts:
+        for t in torch_opt.values():
             if t is not None:
                 t.step()
         with torch.no_grad():

@@ -14,6 +14,7 @@ from ..dense.optim import make_dense_optimizer
 from ..models import PARTS, StackedLookup, get_kind
 from ..sparse import EmbeddingTable
 from ..sparse.dynamic import DynamicEmbeddingTable
+from .best import default_metric
 
 __all__ = ["check_model_kind", "total_steps", "table_specs", "table_parts", "tables_by_part", "dynamic_capacity", "fused_tables", "FUSED_TABLE", "dense_optimizer", "dense_schedule",
            "build_model", "make_tables", "pipeline_switches", "resolve_local_full_every",
@@ -134,7 +135,7 @@ def resolve_auto_epochs(cfg: Config, task: str) -> Config:
     Local; alike on every rank."""
     if cfg.job.epochs != AUTO_EPOCHS:
         return cfg
-    keep = cfg.checkpoint.keep_best or ("" if not cfg.checkpoint.dir else "auc" if task == "ctr" else "rmse")
+    keep = cfg.checkpoint.keep_best or (default_metric(task) if cfg.checkpoint.dir else "")
     job = dataclasses.replace(cfg.job, export_best=cfg.job.export_best or bool(cfg.job.export and keep))
     return dataclasses.replace(cfg, job=job, checkpoint=dataclasses.replace(cfg.checkpoint, keep_best=keep))
 
