@@ -57,7 +57,8 @@ def write(path: Path, header: list, lines: list) -> Path:
 def train_auc(config: str, sets: list, train: Path, evaluation: Path, ranks: int) -> dict:
     """``hpcps train``'s final line on a train/eval pair: its eval AUC, the best evaluation's, epochs."""
     argv = ["-m", "hpcps", "train", "--config", config, "--set", f"data.path={train}",
-            f"data.eval_path={evaluation}", "metrics.path=", "metrics.progress=false", "job.export=", *sets]
+            f"data.eval_path={evaluation}", "metrics.path=", "metrics.progress=false", "job.export=",
+            "job.export_best=false", "checkpoint.dir=", "checkpoint.keep_best=", *sets]
     r = run_mpi(ranks, argv, timeout=1800)
     final = [json.loads(l)["final"] for l in r.stdout.splitlines() if l.startswith('{"final"')][0]
     return {"auc": final["auc"], "best_auc": (final.get("best") or {}).get("auc", final["auc"]),

@@ -1,6 +1,6 @@
 """Evaluations during training: each epoch's end and every ``job.eval_every`` steps, the best
 checkpoint (``checkpoint.keep_best``, never pruned), early stopping, the export of the best, and a
-restart of an early-stopped run that trains no more."""
+restart of an early-stopped run that trains no more (and refuses other data)."""
 
 import json
 import subprocess
@@ -28,13 +28,13 @@ def ratings(tmp_path_factory):
     return path
 
 
-def _ratings_run(ratings, tmp_path, *sets, timeout=240):
+def _ratings_run(ratings, tmp_path, *sets, timeout=240, check=True):
     ck, metrics = tmp_path / "ck", tmp_path / "m.jsonl"
     r = run_mpi(3, ["-m", "hpcps", "train", "--config", ROOT / "examples" / "ratings.toml", "--set",
                     f"data.path={ratings}", "data.batch_size=100", "job.epochs=30", "optimizer.sparse.lr=0.05",
                     "metrics.progress=false", f"metrics.path={metrics}", f"checkpoint.dir={ck}", "checkpoint.keep=1",
-                    *sets], timeout=timeout)
-    return r, ck, [json.loads(line) for line in metrics.read_text().splitlines()]
+                    *sets], timeout=timeout, check=check)
+    return r, ck, [json.loads(line) for line in metrics.read_text().splitlines()] if check else []
 
 
 def test_best_checkpoint_early_stop_export_and_a_restart_that_trains_no_more(ratings, tmp_path):
@@ -49,6 +49,7 @@ def test_best_checkpoint_early_stop_export_and_a_restart_that_trains_no_more(rat
     assert all(v > best_rmse for _, v in evals[-2:]) and evals[-3][0] == best_step     # 2 worse ones, then stop
     assert final["best"]["step"] == best_step and final["best"]["rmse"] == pytest.approx(best_rmse, abs=1e-9)
     assert "early stop after step" in r.stderr and "(the best rmse)" in r.stderr
+    assert final["exported"] == {"path": str(out), "step": best_step, "best": True}
     best = store.read_best(ck)
     assert best["step"] == best_step and store.verify(best["path"])[0]      # kept although checkpoint.keep = 1
     assert {p.name for p in store.list_checkpoints(ck)} == {best["checkpoint"], f"step-{final['steps']:09d}"}
@@ -58,7 +59,15 @@ def test_best_checkpoint_early_stop_export_and_a_restart_that_trains_no_more(rat
     assert f"best rmse {best_rmse:.5g}" in ls.stdout
     # the same command again: that run is over
     again, _, _ = _ratings_run(ratings, tmp_path, "checkpoint.keep_best=rmse", "job.early_stop_patience=2")
-    assert "stopped early at step" in again.stderr and _final(again.stdout)["start_step"] == 30 * 27
+    assert "stopped early at step" in again.stderr
+    assert _final(again.stdout)["start_step"] == _final(again.stdout)["steps"] == final["steps"]
+    # the same checkpoint.dir for other data: refused, naming the key, and nothing stored changes
+    other = tmp_path / "other.dat"
+    other.write_text(ratings.read_text())
+    kept = sorted(p.name for p in store.list_checkpoints(ck))
+    moved, _, _ = _ratings_run(other, tmp_path, "checkpoint.keep_best=rmse", check=False)
+    assert moved.returncode != 0 and "was trained with data.path" in moved.stderr and "checkpoint.resume" in moved.stderr
+    assert sorted(p.name for p in store.list_checkpoints(ck)) == kept and store.read_best(ck)["step"] == best_step
 
 
 def test_eval_every_steps_on_the_progress_record_and_in_the_report(tmp_path):

@@ -258,13 +258,15 @@ def test_train_end_to_end_metrics_and_final_line(tmp_path):
     assert "final" in recs[-1]
 
 
-def test_train_criteo_sample_as_shipped_stops_when_auc_stops_improving():
+def test_train_criteo_sample_as_shipped_stops_when_auc_stops_improving(tmp_path):
     """examples/criteo.toml as it is: job.epochs = "auto" (an evaluation at each epoch's end, a stop
     after one without a better AUC: early_stop_patience 1), every sample in every epoch (800 in
-    batches of 64: 13 steps an epoch, the last batch completed from the next epoch)."""
-    r = _train(4, ["metrics.progress=false", "metrics.path=", f"data.path={CRITEO}"],
-               config=ROOT / "examples" / "criteo.toml")
+    batches of 64: 13 steps an epoch, the last batch completed from the next epoch); the export is
+    the best evaluation's weights."""
+    r = _train(4, ["metrics.progress=false", "metrics.path=", f"data.path={CRITEO}", f"checkpoint.dir={tmp_path / 'ck'}",
+                   f"job.export={tmp_path / 'model.npz'}"], config=ROOT / "examples" / "criteo.toml")
     final = _final(r.stdout)
+    assert final["exported"] == {"path": str(tmp_path / "model.npz"), "step": final["best"]["step"], "best": True}
     assert final["data"]["train_samples"] == 800 and final["eval_samples"] == 200
     assert 0.4 < final["auc"] <= 1.0 and final["logloss"] < 1.0
     assert final["early_stopped"] and final["steps"] % 13 == 0 and 26 <= final["steps"] < 20 * 13

@@ -85,7 +85,7 @@ def train(cfg: Config) -> dict | None:
                 if world.Get_rank() == 0:
                     logger.warning("hpcps: that run stopped early at step %d (job.early_stop_patience): "
                                    "nothing left to train", start)
-                start = max(start, steps)
+                steps = start                          # the summary's steps: where it stopped
         ctx.control.set_start(start)                   # a barrier: every PS has its rows
         restore_s = time.perf_counter() - t_restore if resume_from is not None else 0.0
         log, held = None, 0

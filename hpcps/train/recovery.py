@@ -17,7 +17,7 @@ from ..config import Config, parse_permissions
 from ..core.wait import quiet_barrier, wait_request
 from ..errors import HpcpsError
 
-__all__ = ["open_checkpointer", "find_resume", "pick_level", "load_level", "CheckpointTrigger", "record_start"]
+__all__ = ["open_checkpointer", "find_resume", "check_same_data", "pick_level", "load_level", "CheckpointTrigger", "record_start"]
 
 logger = logging.getLogger(__name__)
 
@@ -131,6 +131,34 @@ def pick_level(cfg: Config, ctx, tables):
     return found.path, found.own, "local"
 
 
+SAME_DATA = ("format", "path", "eval_path", "eval_fraction", "label")
+
+
+def _data_key(data: dict, key: str):
+    """A data key as compared across runs: file lists as resolved paths. Local."""
+    v = data.get(key)
+    if key in ("path", "eval_path") and v:
+        return [str(Path(p).resolve()) for p in str(v).split(",")]
+    return v
+
+
+def check_same_data(cfg: Config, manifest: dict, path) -> None:
+    """``checkpoint.resume = "auto"`` goes on only with the data the checkpoint was trained on:
+    a ``ValueError`` naming the first key that differs (data.format, path, eval_path,
+    eval_fraction, label), before any row is loaded. A run pointed at a new file with an old
+    ``checkpoint.dir`` would otherwise go on from (or, stopped early, only evaluate) the old
+    model. A checkpoint's path in ``checkpoint.resume`` is taken as asked. Local."""
+    saved = manifest.get("config", {}).get("data")
+    if saved is None:
+        return
+    now = cfg.to_dict()["data"]
+    for key in SAME_DATA:
+        if _data_key(saved, key) != _data_key(now, key):
+            raise ValueError(f"checkpoint.resume = auto: {path} was trained with data.{key} = {saved.get(key)!r}, "
+                             f"this run has {now.get(key)!r}: use another checkpoint.dir (or checkpoint.resume = "
+                             f"none) to train afresh, or checkpoint.resume = {path} to go on from it anyway")
+
+
 def load_level(cfg: Config, ctx, tables) -> tuple:
     """Pick the checkpoint level (:func:`pick_level`) and load the PS ranks' rows from it:
     ``(path, level, step)`` (``(None, None, 0)``: a fresh start). A PS's node-local file that fails
@@ -145,6 +173,8 @@ def load_level(cfg: Config, ctx, tables) -> tuple:
                              "checkpoint.resume = none")
         if path is None:
             return None, None, 0
+        if cfg.checkpoint.resume == "auto":
+            check_same_data(cfg, ckpt_mod.read_manifest(path), path)     # alike on every rank
         bad = None
         try:
             start = ckpt_mod.restore_tables(path, ctx, tables, own)

@@ -309,17 +309,20 @@ class Worker:
         all_stale = self.comm.gather(self.ctx.control.staleness, root=0)
         # a dynamic table's size and counters (worker 0 asks the PS ranks, which still serve)
         self.table_stats = self.tables[0].stats() if self.cfg.model.dynamic_tables and self.lead else None
+        exported = {}
         if self.cfg.job.export and self.lead:
             if self.cfg.job.export_best:
                 name = self.evals.export_best(self.cfg.job.export)
                 logger.warning("hpcps: exported %s (the best %s) to %s", name, self.evals.metric, self.cfg.job.export)
+                exported = {"path": self.cfg.job.export, "step": int(name.split("-")[1]), "best": True}
             else:
                 export_weights(self.cfg.job.export, self.model, self.tables)
+                exported = {"path": self.cfg.job.export, "step": done_steps, "best": False}
         self.comm.Barrier()
         self.dense.close()
         if not self.lead:
             return None, None
-        return self._summary(result, done_steps, elapsed, all_stale), self.log
+        return {**self._summary(result, done_steps, elapsed, all_stale), "exported": exported}, self.log
 
     def _summary(self, result: dict, done_steps: int, elapsed: float, all_stale) -> dict:
         ctx = self.ctx
