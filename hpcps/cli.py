@@ -78,6 +78,8 @@ def _parser() -> argparse.ArgumentParser:
                                     "launches per point, is the one to start under mpiexec yourself)."))
     b.add_argument("name", choices=BENCHES, help="which benchmark")
     b.add_argument("args", nargs=argparse.REMAINDER, help="passed to the script")
+    from .predict.cli import add_parsers
+    add_parsers(sub)
     k = sub.add_parser("ckpt", help="list, verify, inspect and export checkpoints (no MPI launch needed)")
     ks = k.add_subparsers(dest="ckpt_command", required=True)
     kl = ks.add_parser("ls", help="checkpoints in a directory, newest last, with their state; then this host's "
@@ -243,6 +245,18 @@ def main(argv=None) -> int:
         if summary is not None:
             print(json.dumps({"demo": summary}), flush=True)
         return 0 if ok else 1
+    if args.command in ("predict", "evaluate"):
+        from mpi4py import MPI
+        from .predict import cli as predict_cli
+        job, bad = predict_cli.prepare(args)
+        if bad is not None:
+            return _error(bad)
+        result, e = _run_collective(job)
+        if e is not None:
+            return _error(e)
+        if MPI.COMM_WORLD.Get_rank() == 0:
+            predict_cli.run(result)
+        return 0
     if args.command == "train":
         from mpi4py import MPI
         from .train import train

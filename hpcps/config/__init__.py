@@ -25,7 +25,7 @@ __all__ = ["Config", "load_config", "config_keys", "build_sparse_optimizer", "pa
 
 
 # keys naming data columns: a name, a 0-based number, or a list of them (data.categorical also "rest")
-COLUMN_KEYS = ("data.label", "data.categorical", "data.dense", "data.drop")
+COLUMN_KEYS = ("data.label", "data.id", "data.categorical", "data.dense", "data.drop")
 
 
 def _item(x: str):
@@ -34,7 +34,7 @@ def _item(x: str):
 
 
 def _columns(key, value, where):
-    if key == "data.label":
+    if key in ("data.label", "data.id"):
         if isinstance(value, int) and not isinstance(value, bool):
             return str(value)
         if isinstance(value, str):
@@ -110,10 +110,14 @@ def _set(cfg, key, value, source, keys):
     setattr(obj, last, _coerce(key, value, getattr(obj, last), source))
 
 
-def load_config(path=None, overrides=(), environ=None) -> Config:
-    """Merge defaults < TOML file < environment < ``overrides`` ("key=value"), then validate. Local."""
+def load_config(path=None, overrides=(), environ=None, base: dict | None = None) -> Config:
+    """Merge defaults < ``base`` (a saved config's ``to_dict()``, e.g. a checkpoint's) < TOML file
+    < environment < ``overrides`` ("key=value"), then validate. Local."""
     cfg = Config()
     keys = config_keys()
+    for key, value in _flatten(base or {}):
+        if key in keys:                      # a key of an older version's config is left out
+            _set(cfg, key, value, "the checkpoint's config", keys)
     if path:
         try:
             with open(path, "rb") as f:

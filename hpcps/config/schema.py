@@ -65,6 +65,8 @@ class DataConfig:
     delimiter: str = ","        # csv: the field separator ("\t" for TSV)
     header: str = "auto"        # csv: auto | true | false (a first line of column names in every file)
     label: str = ""             # csv: the label column (0/1): a header name or a 0-based number
+    id: str = ""                # csv: a column that names each line (a name or a number): never a feature;
+    #                             hpcps predict copies it beside each score
     categorical: list = field(default_factory=lambda: ["rest"])   # csv: names/numbers, or "rest"
     dense: list = field(default_factory=list)    # csv: numeric feature columns (missing: 0)
     dense_log: bool = False     # csv: dense values become log(1 + max(x, 0))

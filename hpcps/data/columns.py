@@ -31,7 +31,7 @@ class Layout:
     delimiter: str
     ncols: int
     names: list
-    label: int
+    label: int                # -1: no label column (input to score)
     dense: list
     categorical: list
     dense_log: bool = False
@@ -80,6 +80,9 @@ def resolve_layout(d, header_fields, ncols: int, where: str) -> Layout:
     label = _index(d.label, names, ncols, "data.label", where)
     dense = [_index(x, names, ncols, "data.dense", where) for x in d.dense]
     drop = [_index(x, names, ncols, "data.drop", where) for x in d.drop]
+    ident = str(getattr(d, "id", ""))
+    if ident and (ident in names or (ident.isdigit() and int(ident) < ncols)):   # never a feature
+        drop.append(_index(ident, names, ncols, "data.id", where))
     used = {label, *dense, *drop}
     if list(d.categorical) == ["rest"]:
         cats = [c for c in range(ncols) if c not in used]
@@ -106,10 +109,11 @@ def _read(block: bytes, lay: Layout):
     import pyarrow as pa
     import pyarrow.csv as pacsv
     names = [f"f{c}" for c in range(lay.ncols)]
-    types = {names[lay.label]: pa.float64()}
+    labelled = [names[lay.label]] if lay.label >= 0 else []
+    types = {n: pa.float64() for n in labelled}
     types.update({names[c]: pa.float64() for c in lay.dense})
     types.update({names[c]: pa.binary() for c in lay.categorical})
-    keep = [names[lay.label]] + [names[c] for c in lay.dense] + [names[c] for c in lay.categorical]
+    keep = labelled + [names[c] for c in lay.dense] + [names[c] for c in lay.categorical]
     try:
         return pacsv.read_csv(
             pa.py_buffer(block),
@@ -126,19 +130,20 @@ def _fast(block: bytes, n: int, lay: Layout):
     tab = _read(block, lay)
     if tab.num_rows != n:
         raise _Slow("row count")
-    label = tab.column(0).to_numpy(zero_copy_only=False)
-    if not ((label == 0) | (label == 1)).all():
+    first = int(lay.label >= 0)                           # no label column (scoring): labels NaN
+    label = tab.column(0).to_numpy(zero_copy_only=False) if first else np.full(n, np.nan)
+    if first and not ((label == 0) | (label == 1)).all():
         raise _Slow("label")
     dense = np.empty((n, len(lay.dense)), np.float32)     # a column at a time in float64
     for k in range(len(lay.dense)):
-        col = tab.column(1 + k)
+        col = tab.column(first + k)
         x = col.fill_null(0.0).to_numpy(zero_copy_only=False) if col.null_count else col.to_numpy()
         if not (np.abs(x) <= _LARGEST).all():           # also false for nan and inf
             raise _Slow("dense")
         dense[:, k] = np.log1p(np.maximum(x, 0)) if lay.dense_log else x
     keys = np.empty((n, len(lay.categorical)), np.uint64)
     for k, c in enumerate(lay.categorical):
-        off, data = binary_buffers(tab.column(1 + len(lay.dense) + k).combine_chunks())
+        off, data = binary_buffers(tab.column(first + len(lay.dense) + k).combine_chunks())
         if lay.keys == "hex":
             v, bad = hex_keys(off, data)
             v ^= column_key(k)
@@ -174,7 +179,7 @@ def _check_line(fields: list, lay: Layout) -> str | None:
         if not (lay.pad and 2 <= len(fields) < lay.ncols):
             return f"{len(fields)} fields, expected {lay.ncols} (split at {lay.delimiter!r})"
         fields += [""] * (lay.ncols - len(fields))
-    if fields[lay.label].strip() not in ("0", "1", "0.0", "1.0"):
+    if lay.label >= 0 and fields[lay.label].strip() not in ("0", "1", "0.0", "1.0"):
         return f"label (column {lay.names[lay.label]}) must be 0 or 1, got {fields[lay.label][:40]!r}"
     for c in lay.dense:
         try:

@@ -12,12 +12,15 @@ from ..core.optimizers import LRSchedule
 from ..core.settings import parse_mode
 from ..dense.optim import make_dense_optimizer
 from ..models import PARTS, StackedLookup, get_kind
+from ..nn import ShardedEmbeddingCollection
+from ..nn_dynamic import DynamicEmbeddingCollection
+from ..nn_parts import ShardedEmbeddingParts
 from ..sparse import EmbeddingTable
 from ..sparse.dynamic import DynamicEmbeddingTable
 from .best import default_metric
 
 __all__ = ["check_model_kind", "total_steps", "table_specs", "table_parts", "tables_by_part", "dynamic_capacity", "fused_tables", "FUSED_TABLE", "dense_optimizer", "dense_schedule",
-           "build_model", "make_tables", "pipeline_switches", "resolve_local_full_every",
+           "build_model", "make_lookups", "make_tables", "pipeline_switches", "resolve_local_full_every",
            "resolve_auto_epochs"]
 
 logger = logging.getLogger(__name__)
@@ -185,6 +188,24 @@ def build_model(cfg: Config, embeddings, data) -> torch.nn.Module:
         lookups[part] = StackedLookup(embeddings[at:at + len(specs)])
         at += len(specs)
     return kind.build(cfg, data, lookups)
+
+
+def make_lookups(cfg: Config, data, tables: list, embs: list, dynamic: bool):
+    """``(the lookup a worker drives, what the model is built over)`` from the tables' embedding
+    modules ``embs``. A CTR kind looks each part's tables up at once (one autograd node and one
+    hook for all of them): one collection, or :class:`ShardedEmbeddingParts` over a collection per
+    part; MF its tables one by one. Local."""
+    if dynamic:
+        lookup = DynamicEmbeddingCollection(embs[0], len(data.tables))
+        return lookup, {"deep": lookup}
+    if get_kind(cfg.model.kind).tables is not None:
+        return embs, embs
+    bags = dict(zip(tables, embs))
+    parts = {part: ShardedEmbeddingCollection([bags[t] for t in ts]) for part, ts in tables_by_part(cfg, data, tables).items()}
+    if len(parts) == 1:
+        return next(iter(parts.values())), parts
+    lookup = ShardedEmbeddingParts(parts)
+    return lookup, {part: lookup[part] for part in parts}
 
 
 def pipeline_switches(cfg: Config, ctx) -> dict:

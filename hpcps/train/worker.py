@@ -35,7 +35,7 @@ from ..nn_dynamic import DynamicEmbeddingCollection
 from ..nn_parts import ShardedEmbeddingParts
 from ..sparse.pipeline import CommThread, PushBatch, RowCache
 from .best import Evaluations
-from .build import build_model, dense_optimizer, dense_schedule, tables_by_part
+from .build import build_model, dense_optimizer, dense_schedule, make_lookups
 from .evaluation import evaluate, export_weights, step_loss
 from .recovery import CheckpointTrigger
 from .telemetry import Telemetry, pipeline_summary, thread_level_name, waits
@@ -81,7 +81,7 @@ class Worker:
                                          comm=self.comm_thread, cache=None if dynamic else cache,
                                          batch=None if dynamic else self.pushes)
                      for t, cache in zip(tables, caches)]
-        self.lookup, lookups = self._lookups(cfg, data, dynamic)
+        self.lookup, lookups = make_lookups(cfg, data, tables, self.embs, dynamic)
         self.model = build_model(cfg, lookups, data).to(self.device)
         self.dense = DenseSync(self.model, self.comm, backend=cfg.model.dense_backend, bucket_mb=cfg.model.bucket_mb,
                                nccl_host=cfg.model.nccl_host or None)
@@ -122,23 +122,6 @@ class Worker:
         # next batch there, ~0.85 ms), starting the PS earlier gains nothing, and measured 3-4% slower.
         self.early = (isinstance(self.lookup, COLLECTIONS) and loader is not None
                       and loader.annex is not None)
-
-    def _lookups(self, cfg, data, dynamic: bool):
-        """``(the lookup the loop drives, what the model is built over)``. A CTR kind looks each part's
-        tables up at once (one autograd node and one hook for all of them): one collection, or
-        :class:`ShardedEmbeddingParts` over a collection per part; MF its tables one by one."""
-        if dynamic:
-            lookup = DynamicEmbeddingCollection(self.embs[0], len(data.tables))
-            return lookup, {"deep": lookup}
-        if get_kind(cfg.model.kind).tables is not None:
-            return self.embs, self.embs
-        bags = dict(zip(self.tables, self.embs))
-        parts = {part: ShardedEmbeddingCollection([bags[t] for t in tables])
-                 for part, tables in tables_by_part(cfg, data, self.tables).items()}
-        if len(parts) == 1:
-            return next(iter(parts.values())), parts
-        lookup = ShardedEmbeddingParts(parts)
-        return lookup, {part: lookup[part] for part in parts}
 
     # ------------------------------------------------------------ reporting a step done
     def _report(self, step: int) -> None:

@@ -1,0 +1,108 @@
+"""The ``hpcps predict`` and ``hpcps evaluate`` commands: their arguments, the checks made before any
+communication, and the jobs. Called from :mod:`hpcps.cli`."""
+
+import argparse
+import json
+from pathlib import Path
+
+__all__ = ["add_parsers", "prepare", "run"]
+
+CHECKPOINT_HELP = ("a checkpoint, a directory (its newest verified one), DIR/best (its best evaluation's: "
+                   "checkpoint.keep_best) or best (that of the config's checkpoint.dir)")
+
+
+def add_parsers(sub) -> None:
+    """Add ``predict`` and ``evaluate`` to the ``hpcps`` subparsers. Local."""
+    p = sub.add_parser("predict", help="score files with a checkpoint, as an MPI job (one row per input line)",
+                       description=(
+                           "Score input files with a trained checkpoint. The PS ranks load their shards (any "
+                           "number of PS and workers, as a restart); the workers read the input with "
+                           "training's readers (files, globs, directories, .gz/.bz2; a label column is "
+                           "optional) and write one row per sample in input order: line (the data line in "
+                           "the whole input, 0-based), data.id's column where the input has it, label where "
+                           "present, probability. --out NAME.csv or NAME.parquet: one file; another name: a "
+                           "directory of parts with index.json. A killed predict run again with the same "
+                           "arguments writes only the missing parts. Rank 0 prints {\"predict\": {...}}."),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint", required=True, help=CHECKPOINT_HELP)
+    p.add_argument("--data", required=True, help="input: a file, a directory, a glob or a comma-separated list")
+    p.add_argument("--out", required=True, help="NAME.csv or NAME.parquet (one file), or a directory of parts")
+    p.add_argument("--format", choices=("csv", "parquet"), default="", help="of a directory's parts (default csv)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    p.add_argument("--labels", choices=("auto", "yes", "no"), default="auto",
+                   help="whether the lines hold the label column (auto: yes, unless a header lacks its name)")
+    p.add_argument("--part-lines", type=int, default=1 << 20, help="input lines per part (default 1048576)")
+    _common(p)
+    e = sub.add_parser("evaluate", help="AUC, logloss and calibration of checkpoints on labelled files (MPI job)",
+                       description=(
+                           "Metrics of one or more checkpoints on labelled input files, each loaded as "
+                           "`hpcps predict` loads it: AUC, logloss, calibration (mean predicted / observed "
+                           "click rate). A directory means every verified checkpoint in it: a table of "
+                           "metrics per step. Rank 0 prints one JSON line {\"evaluate\": [...]}, then the table."),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    e.add_argument("--checkpoint", required=True, nargs="+", help=CHECKPOINT_HELP.replace(
+        "a directory (its newest verified one)", "a directory (every verified one)"))
+    e.add_argument("--data", required=True, help="labelled input: a file, a directory, a glob or a comma-separated list")
+    _common(e)
+
+
+def _common(p) -> None:
+    p.add_argument("--config", metavar="FILE.toml", default=None,
+                   help="the training config (default: the checkpoint's own); its model must be the checkpoint's")
+    p.add_argument("--set", metavar="KEY=VALUE", nargs="+", action="extend", default=[],
+                   help="override settings, e.g. --set job.num_ps=2 data.skip_bad_lines=true")
+
+
+def _checkpoints(args) -> list:
+    """``evaluate``'s checkpoints: each spec's, a directory's every verified one. Local."""
+    from ..checkpoint import store
+    from .inputs import resolve_checkpoint
+    out = []
+    for spec in args.checkpoint:
+        p = Path(spec)
+        if p.is_dir() and not (p / store.MANIFEST).exists():
+            found = [c for c in store.list_checkpoints(p) if store.verify_chain(c)[0]]
+            if not found:
+                raise ValueError(f"--checkpoint {spec}: no verified checkpoint in that directory")
+            out += found
+        else:
+            out.append(resolve_checkpoint(spec, _ckpt_dir(args)))
+    return out
+
+
+def _ckpt_dir(args) -> str:
+    from ..config import load_config
+    return load_config(args.config, args.set).checkpoint.dir if args.config else ""
+
+
+def prepare(args):
+    """Every check made before MPI communication (alike on every rank): ``(job, error)``, where
+    ``job()`` runs the command collectively and returns what rank 0 prints. Local."""
+    from .inputs import resolve_checkpoint, scoring_config
+    from .output import Output
+    try:
+        if args.command == "predict":
+            if args.part_lines < 1:
+                raise ValueError(f"--part-lines {args.part_lines}: must be >= 1")
+            path = resolve_checkpoint(args.checkpoint, _ckpt_dir(args))
+            cfg = scoring_config(path, args.config, args.data, args.set)
+            out = Output(args.out, args.format, args.overwrite)
+            out.check(path)
+            from .job import predict
+            return (lambda: {"predict": predict(cfg, path, out, args.labels, args.part_lines)}), None
+        paths = _checkpoints(args)
+        cfgs = [scoring_config(p, args.config, args.data, args.set) for p in paths]
+        from .evaluate import evaluate_checkpoint
+        return (lambda: {"evaluate": [evaluate_checkpoint(c, p) for c, p in zip(cfgs, paths)]}), None
+    except (ValueError, OSError) as e:
+        return None, e
+
+
+def run(result: dict) -> None:
+    """Rank 0: print the command's JSON line (and ``evaluate``'s table). Local."""
+    print(json.dumps(result), flush=True)
+    if "evaluate" in result:
+        print("| step | auc | logloss | calibration | samples | checkpoint |\n| --- | --- | --- | --- | --- | --- |")
+        for r in result["evaluate"]:
+            print(f"| {r['step']} | {r['auc']:.5f} | {r['logloss']:.5f} | {r['calibration']:.4f} | {r['samples']} "
+                  f"| {r['checkpoint']} |")

@@ -1,0 +1,178 @@
+"""What ``hpcps predict`` and ``hpcps evaluate`` read: the checkpoint a spec names, the job's config
+(the checkpoint's own, then ``--config`` and ``--set``), the input's columns as training read them
+(the label optional) and the input cut into parts of whole lines. Local, pure (no MPI) but for
+:func:`index_inputs`.
+"""
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+
+from ..checkpoint import store
+from ..config import load_config
+from ..core.inputs import expand_inputs
+from ..data.columns import Layout, criteo_layout, parse_block
+from ..data.sources import _index_all, _layout, header_rule
+from ..data.textfiles import LineReader
+
+__all__ = ["resolve_checkpoint", "scoring_config", "index_inputs", "input_layout", "Shape", "check_tables",
+           "plan_parts", "read_part", "PARSE_LINES"]
+
+PARSE_LINES = 16384          # lines parsed at once within a part
+
+
+def resolve_checkpoint(spec: str, ckpt_dir: str = "") -> Path:
+    """``--checkpoint``: a checkpoint, a directory (its newest verified checkpoint), ``DIR/best`` or
+    ``best`` (the best evaluation's checkpoint of ``DIR``, or of the config's ``checkpoint.dir``).
+    ``ValueError`` naming what is missing or broken. Local."""
+    p = Path(spec)
+    if spec == "best" or (p.name == "best" and p.is_file()):
+        root = p.parent if spec != "best" else Path(ckpt_dir) if ckpt_dir else None
+        if root is None:
+            raise ValueError("--checkpoint best: the config has no checkpoint.dir (name DIR/best instead)")
+        best = store.read_best(root)
+        if best is None:
+            raise ValueError(f"--checkpoint {spec}: {root} has no best checkpoint (checkpoint.keep_best)")
+        p = Path(best["path"])
+    if not p.exists():
+        raise ValueError(f"--checkpoint {spec}: no such file or directory")
+    if not (p / store.MANIFEST).exists():
+        found = store.newest_verified(p)
+        if found is None:
+            raise ValueError(f"--checkpoint {spec}: no verified checkpoint in that directory")
+        return found
+    ok, why = store.verify_chain(p)
+    if not ok:
+        raise ValueError(f"--checkpoint {spec}: does not verify: {why}")
+    return p
+
+
+def scoring_config(path: Path, config: str | None, data: str, sets=()):
+    """The config a checkpoint is scored with: its own (from its manifest) < ``config`` < ``sets``,
+    with ``data.path = data`` and nothing held out. A ``config`` of another model kind, dimension or
+    MLPs than the checkpoint's is a ``ValueError`` naming the key. Local."""
+    saved = store.read_manifest(path).get("config")
+    if not saved:
+        raise ValueError(f"{path}: its manifest holds no config (written by an older hpcps?)")
+    cfg = load_config(config, [*sets, f"data.path={data}", "data.eval_path=", "data.eval_fraction=0"], base=saved)
+    for key in ("kind", "dim", "bottom_mlp", "top_mlp", "cross_layers", "dynamic_tables"):
+        have, want = getattr(cfg.model, key, None), saved.get("model", {}).get(key)
+        if want is not None and have != want:
+            raise ValueError(f"--config: model.{key} = {have!r}, but {path} holds a model with {want!r}")
+    if cfg.data.format not in ("csv", "criteo"):
+        raise ValueError(f"data.format = {cfg.data.format!r}: hpcps predict reads csv and criteo files")
+    if cfg.model.dynamic_tables:
+        raise ValueError("model.dynamic_tables: hpcps predict does not score dynamic tables yet "
+                         "(hpcps ckpt export writes their ids and rows)")
+    return cfg
+
+
+def index_inputs(d, comm=None) -> list:
+    """Every input file's index (line counts), the files shared out over ``comm``'s ranks.
+    Collective over ``comm`` where given, else local."""
+    paths = [str(p) for p in expand_inputs(d.path, "--data")]
+    return _index_all(paths, header_rule(d), comm)
+
+
+def _without(lay: Layout, col: int) -> Layout:
+    """``lay`` for lines that lack column ``col`` (the label): later columns move down one."""
+    shift = lambda c: c - (c > col)          # noqa: E731
+    return dataclasses.replace(lay, ncols=lay.ncols - 1, names=[n for c, n in enumerate(lay.names) if c != col],
+                               label=-1, dense=[shift(c) for c in lay.dense],
+                               categorical=[shift(c) for c in lay.categorical])
+
+
+def input_layout(d, files: list, labelled: str = "auto") -> tuple:
+    """``(layout, id column or None)`` of the input as training read it (``d``: the scoring
+    config's data). ``labelled``: ``yes``, ``no`` (the lines lack the label column), ``auto``
+    (no label where a header lacks its name). Local."""
+    first = files[0]
+    header = first.header.split(d.delimiter) if first.header is not None else None
+    missing = header is not None and d.format == "csv" and str(d.label) not in [h.strip() for h in header]
+    no_label = labelled == "no" or (labelled == "auto" and missing and not str(d.label).isdigit())
+    if labelled == "yes" and missing:
+        raise ValueError(f"{first.path}: its header has no label column {d.label!r} (--labels yes)")
+    if d.format == "criteo":
+        lay = criteo_layout(d.hash_rows)
+    elif no_label and header is not None:            # the header without the label: as if it were last
+        lay = _layout(dataclasses.replace(d, header="true"), [_with_column(f, d, str(d.label)) for f in files])
+    elif no_label:                                   # numbered columns as in training: one more there
+        ncols = len((first.first or "").split(d.delimiter)) + 1
+        from ..data.columns import resolve_layout
+        lay = resolve_layout(d, None, ncols, first.path)
+    else:
+        lay = _layout(d, files)
+    if no_label:
+        lay = _without(lay, lay.label)
+    return lay, _id_column(d, lay)
+
+
+class Shape:
+    """What the tables and the model need of the input: its task, tables and dense features."""
+
+    def __init__(self, lay: Layout):
+        self.task, self.tables, self.num_dense, self.steps_per_epoch = "ctr", lay.tables, len(lay.dense), 1
+
+
+def check_tables(cfg, shape: Shape, manifest: dict, path) -> None:
+    """The tables the input's columns give (``hpcps.train.build.table_specs``) must be the
+    checkpoint's (names and rows, fused or not): else a ``ValueError`` naming the first
+    difference. Local."""
+    from ..train.build import table_specs
+    have = [(name, rows) for name, rows, *_ in table_specs(cfg, shape)]
+    want = [(n, r) for t in manifest["tables"] for n, r in (t.get("segments") or [[t["name"], t["num_rows"]]])]
+    if have != want:
+        raise ValueError(f"the input's columns do not give {path}'s tables: {_diff(have, want)} (the same "
+                         f"data.format, data.categorical, data.drop and data.hash_rows as in training?)")
+
+
+def _with_column(fi, d, name: str):
+    """An index of ``fi`` whose header has ``name`` appended (its lines are read with one column less)."""
+    return dataclasses.replace(fi, header=f"{fi.header}{d.delimiter}{name}")
+
+
+def _diff(have: list, want: list) -> str:
+    if len(have) != len(want):
+        return f"{len(have)} tables, the checkpoint has {len(want)}"
+    for (a, ra), (b, rb) in zip(have, want):
+        if (a, ra) != (b, rb):
+            return f"table {a!r} ({ra} rows) where the checkpoint has {b!r} ({rb} rows)"
+    return "?"
+
+
+def _id_column(d, lay: Layout) -> int | None:
+    """The column ``data.id`` names in the input's layout, or None. Local."""
+    if d.format != "csv" or str(d.id) == "":
+        return None
+    if str(d.id).isdigit() and str(d.id) not in lay.names:
+        return int(d.id)
+    if str(d.id) not in lay.names:
+        return None                                 # the input has no id column: none is written
+    return lay.names.index(str(d.id))
+
+
+def plan_parts(files: list, part_lines: int) -> list:
+    """``[(file number, lo, hi)]``: each file's data lines cut into parts of at most ``part_lines``,
+    in input order. Local."""
+    return [(k, lo, min(lo + part_lines, fi.lines)) for k, fi in enumerate(files)
+            for lo in range(0, fi.lines, part_lines)]
+
+
+def read_part(reader: LineReader, files: list, part: tuple, lay: Layout, id_col, skip_bad: bool, stats: dict):
+    """The samples of one part, in order, in blocks of ``PARSE_LINES``: yields ``(dense, keys,
+    labels or None, lines, ids or None)``; ``lines``: each sample's data line in its file
+    (0-based, the header not counted). Local."""
+    k, lo, hi = part
+    fi = files[k]
+    for a in range(lo, hi, PARSE_LINES):
+        b = min(a + PARSE_LINES, hi)
+        block = reader.read(k, a, b)
+        where = lambda i, a=a: f"{fi.path}:{a + i + 1 + (fi.header is not None)}"   # noqa: E731
+        dense, keys, labels, slots = parse_block(block, b - a, where, lay, skip_bad, stats)
+        lines = np.arange(a, b, dtype=np.int64) if slots is None else a + slots
+        ids = None
+        if id_col is not None:
+            raw = np.array(block.split(b"\n")[:-1], dtype=object)[lines - a]
+            ids = [x.decode("utf-8", "replace").rstrip("\r").split(lay.delimiter)[id_col] for x in raw]
+        yield dense, keys, (labels if lay.label >= 0 else None), lines, ids
