@@ -100,10 +100,12 @@ def _parser() -> argparse.ArgumentParser:
                       description="PATH: one checkpoint, or a checkpoint directory meaning its newest verified one.")
     e.add_argument("path")
     e.add_argument("--out", required=True, help="output file")
-    e.add_argument("--format", choices=("h5", "torch"), default="h5",
+    e.add_argument("--format", choices=("h5", "torch", "torchscript"), default="h5",
                    help="h5: tables/<name>/weights (and a dynamic table's tables/<name>/ids) and dense/<name> "
                         "(h5py reads it alone); "
-                        "torch: a plain state_dict for torch.load (default h5)")
+                        "torch: a plain state_dict for torch.load; torchscript: the model as one TorchScript "
+                        "module that torch alone runs on raw columns, model(dense, categorical) -> "
+                        "probabilities (csv and criteo jobs; hpcps.predict.torchscript) (default h5)")
     return p
 
 
@@ -188,6 +190,11 @@ def main(argv=None) -> int:
                 return tools.verify_cmd(args.path, args.deep, args.max_abs)
             if args.ckpt_command == "inspect":
                 return tools.inspect(args.path)
+            if args.format == "torchscript":
+                from .predict.torchscript import export_torchscript
+                path = export_torchscript(tools.pick(args.path), args.out)
+                print(f"wrote {path}: torch.jit.load(it)(dense, categorical) gives probabilities")
+                return 0
             return tools.export(args.path, args.out, args.format)
         except (ValueError, OSError) as e:
             print(f"hpcps: error: {e}", file=sys.stderr)

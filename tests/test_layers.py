@@ -33,6 +33,8 @@ LAYERS = [
     ("hpcps.train", ["hpcps.train", "hpcps.context", "hpcps.sparse", "hpcps.dense", "hpcps.nn", "hpcps.nn_dynamic", "hpcps.nn_parts", "hpcps.models",
                      "hpcps.data", "hpcps.checkpoint", "hpcps.config", "hpcps.metrics", "hpcps.stopping",
                      "hpcps.core", "hpcps.errors"]),
+    ("hpcps.predict", ["hpcps.predict", "hpcps.train", "hpcps.context", "hpcps.nn", "hpcps.data", "hpcps.checkpoint",
+                       "hpcps.config", "hpcps.metrics", "hpcps.core"]),
     ("hpcps.reference", ["hpcps.train", "hpcps.config", "hpcps.data", "hpcps.models", "hpcps.core"]),
     ("hpcps.demo", ["hpcps.context", "hpcps.sparse", "hpcps.optim", "hpcps.core"]),
     ("hpcps.report", ["hpcps.metrics"]),

@@ -5,10 +5,13 @@ goes on to the same output), ``hpcps evaluate``, and the bad inputs refused befo
 import gzip
 import json
 import shutil
+from typing import List
 
 import numpy as np
 import pytest
+import torch
 
+from hpcps.checkpoint import read_manifest
 from hpcps.config import load_config
 from hpcps.data.textfiles import LineReader
 from hpcps.predict.inputs import Shape, index_inputs, input_layout, plan_parts, read_part, resolve_checkpoint
@@ -59,7 +62,7 @@ def _expected(d, sets, data):
     lines, scores, labels = [], [], []
     start = 0
     for k, fi in enumerate(files):
-        lay, id_col = input_layout(cfg.data, [fi])
+        lay, id_col = input_layout(cfg.data, [fi], "auto", read_manifest(path)["layout"])
         model = model or torch_model(cfg, Shape(lay), dict(np.load(d / "model.npz")))
         for dense, keys, y, ln, ids in read_part(LineReader([fi]), [fi], (0, 0, fi.lines), lay, id_col, False, {}):
             lines.append(ln + start)
@@ -108,14 +111,28 @@ def test_predict_matches_one_process_torch_on_the_export_with_any_ranks_and_resu
     assert np.array_equal(again, joined)
 
 
-def test_predict_without_labels_parquet_and_evaluate(trained, tmp_path):
+def test_predict_without_labels_equals_the_torchscript_export_with_torch_alone_and_evaluate(trained, tmp_path):
+    """Parquet of unlabelled lines; the TorchScript export, run in a process where only torch
+    imports (hpcps, numpy, h5py, mpi4py, pyarrow blocked) on the raw columns, gives the same scores."""
+    import subprocess
+    import sys
     import pyarrow.parquet as pq
     d, sets = trained
-    lines, want, _ = _expected(d, sets, d / "inputs" / "part-2.csv.gz")
-    _predict(3, d, d / "inputs" / "part-2.csv.gz", tmp_path / "s.parquet")
+    data = d / "inputs" / "part-2.csv.gz"
+    lines, want, _ = _expected(d, sets, data)
+    _predict(3, d, data, tmp_path / "s.parquet")
     got = pq.read_table(tmp_path / "s.parquet").to_pandas()
     assert list(got.columns) == ["line", "id", "probability"] and got["line"].tolist() == lines.tolist()
     np.testing.assert_allclose(got["probability"], want, rtol=1e-5, atol=1e-6)
+    best = resolve_checkpoint(str(d / "ck" / "best"))
+    r = subprocess.run([sys.executable, "-m", "hpcps", "ckpt", "export", str(best), "--format", "torchscript",
+                        "--out", str(tmp_path / "model.pt")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    (tmp_path / "run.py").write_text(TORCH_ONLY)
+    r = subprocess.run([sys.executable, "-I", str(tmp_path / "run.py"), str(tmp_path / "model.pt"), str(data)],
+                       capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    np.testing.assert_allclose([float(x) for x in r.stdout.split()], got["probability"], rtol=1e-5, atol=1e-7)
     # evaluate: every checkpoint of the directory, a row per step; the metrics of the scores above
     r = run_mpi(3, ["-m", "hpcps", "evaluate", "--checkpoint", d / "ck", "--data", d / "inputs" / "part-[01].csv.gz"],
                 timeout=240)
@@ -136,13 +153,15 @@ def test_predict_without_labels_parquet_and_evaluate(trained, tmp_path):
     ("no-dir", "does not exist"),
     ("not-ours", "not a predict output"),
     ("no-ckpt", "no such file"),
+    ("columns", "do not give"),
+    ("labels", "has no label column"),
 ])
 def test_predict_refuses_bad_input_before_any_communication(trained, tmp_path, case, message):
     """What every rank checks before MPI communicates (hpcps.predict.cli.prepare): nothing written."""
     from hpcps.cli import _parser
     from hpcps.predict.cli import prepare
     d, _ = trained
-    ckpt, out, extra = d / "ck" / "best", tmp_path / "s.csv", []
+    ckpt, out, extra, data = d / "ck" / "best", tmp_path / "s.csv", [], d / "inputs" / "part-0.csv.gz"
     if case == "exists":
         out.write_text("keep me\n")
     elif case == "inside":
@@ -157,17 +176,65 @@ def test_predict_refuses_bad_input_before_any_communication(trained, tmp_path, c
         (out / "notes.txt").write_text("x")
     elif case == "no-ckpt":
         ckpt = d / "ck" / "step-999"
+    elif case == "columns":
+        extra = ["--set", "data.drop=w"]
+    elif case == "labels":
+        data, extra = d / "inputs" / "part-2.csv.gz", ["--labels", "yes"]
     before = sorted(p.name for p in tmp_path.iterdir())
-    job, error = prepare(_parser().parse_args(["predict", "--checkpoint", str(ckpt), "--data",
-                                               str(d / "inputs" / "part-0.csv.gz"), "--out", str(out), *extra]))
+    job, error = prepare(_parser().parse_args(["predict", "--checkpoint", str(ckpt), "--data", str(data),
+                                               "--out", str(out), *extra]))
     assert job is None and message in str(error)
     assert sorted(p.name for p in tmp_path.iterdir()) == before and not (d / "ck" / "s.csv").exists()
     if case == "exists":
         assert out.read_text() == "keep me\n"
 
 
-def test_predict_refuses_columns_that_do_not_give_the_tables(trained, tmp_path):
-    d, _ = trained
-    r = _predict(3, d, d / "inputs" / "part-0.csv.gz", tmp_path / "s.csv", "--set", "data.drop=w", check=False)
-    assert r.returncode != 0 and "do not give" in r.stderr and "'u' (500 rows)" not in r.stderr
-    assert not any(tmp_path.iterdir())
+TORCH_ONLY = """
+import csv, gzip, sys
+for m in ("hpcps", "numpy", "h5py", "mpi4py", "pyarrow", "pandas"):
+    sys.modules[m] = None                      # importable: torch alone
+import torch
+model = torch.jit.load(sys.argv[1])
+rows = list(csv.reader(gzip.open(sys.argv[2], "rt")))
+head, rows = rows[0], rows[1:]
+cats = [[r[head.index(n)] for r in rows] for n in model.categorical_names]
+dense = torch.tensor([[float(r[head.index(n)] or 0) for n in model.dense_names] for r in rows]).reshape(len(rows), -1)
+p = model(dense, cats)
+assert torch.equal(model(dense[:5], [c[:5] for c in cats]), p[:5])      # any batch size
+print(" ".join(repr(x) for x in p.tolist()))
+"""
+
+
+class _Sum(torch.nn.Module):
+    def forward(self, dense: torch.Tensor, ids: List[torch.Tensor]) -> torch.Tensor:
+        return dense.sum(1)
+
+
+@pytest.mark.parametrize("fmt", ["criteo", "csv"])
+def test_torchscript_hashing_is_the_readers(fmt):
+    """The scripted module's row ids of raw values equal the readers' (criteo's hex with missing
+    values; csv's hash of any UTF-8 value, the empty one included)."""
+    from hpcps.data.columns import criteo_layout, parse_block, resolve_layout
+    from hpcps.data.hashing import column_key
+    from hpcps.predict.torchscript import RawColumns, _s64
+    rng = np.random.default_rng(0)
+    if fmt == "criteo":
+        lay = criteo_layout(1000)
+        lines = ["\t".join(["1"] + [str(rng.integers(0, 9)) for _ in range(13)]
+                           + [("" if rng.random() < 0.2 else f"{rng.integers(0, 1 << 32):08x}"[:rng.integers(1, 9)])
+                              for _ in range(26)]) for _ in range(200)]
+    else:
+        from hpcps.config.schema import DataConfig
+        d = DataConfig(format="csv", label="0", hash_rows=997)
+        lay = resolve_layout(d, None, 4, "x")
+        words = ["", "a", "ü", "日本語", "emoji😀", "x" * 40, "0", "12,5".replace(",", ";")]
+        lines = [",".join(["0"] + [words[rng.integers(0, len(words))] + str(rng.integers(0, 3)) * int(rng.integers(0, 2))
+                                   for _ in range(3)]) for _ in range(200)]
+    block = "".join(x + "\n" for x in lines).encode()
+    _, keys, _, slots = parse_block(block, len(lines), lambda i: f"x:{i}", lay, False, {})
+    assert slots is None
+    ck = [_s64(int(column_key(k if lay.keys == "hex" else c))) for k, c in enumerate(lay.categorical)]
+    module = torch.jit.script(RawColumns(_Sum(), lay.keys, ck, lay.rows, lay.dense_log, [], []))
+    cats = [[x.split(lay.delimiter)[c] for x in lines] for c in lay.categorical]
+    got = module.ids(cats)
+    assert all(np.array_equal(g.numpy(), keys[:, t]) for t, g in enumerate(got))

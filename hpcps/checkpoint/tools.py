@@ -11,11 +11,11 @@ from . import store
 from .dynamic import replay
 from .shards import read_dense, shard_file
 
-__all__ = ["ls", "verify_cmd", "inspect", "export", "weights"]
+__all__ = ["ls", "verify_cmd", "inspect", "export", "weights", "pick"]
 
 
-def _pick(path) -> Path:
-    """A checkpoint, or a directory of them meaning its newest verified one."""
+def pick(path) -> Path:
+    """A checkpoint, or a directory of them meaning its newest verified one. Local."""
     p = Path(path)
     if (p / store.MANIFEST).exists():
         return p
@@ -136,7 +136,7 @@ def verify_cmd(path, deep: bool = False, max_abs: float = 1e6) -> int:
 
 
 def inspect(path) -> int:
-    p = _pick(path)
+    p = pick(path)
     ok, why = store.verify_chain(p)
     if not ok:
         print(f"hpcps: {p} does not verify: {why}")
@@ -200,7 +200,7 @@ def export(path, out, fmt: str = "h5") -> int:
     table as its logical tables; a dynamic table's stored rows, with ``tables/<name>/ids``, sorted)
     and ``dense/<name>``; or a torch state dict of the same (``tables.<name>.weight``,
     ``tables.<name>.ids``)."""
-    p = _pick(path)
+    p = pick(path)
     inside = store.inside_checkpoint(out)
     if inside is not None:
         raise ValueError(f"--out {out} is inside checkpoint {inside}: export writes a new file, never into a "

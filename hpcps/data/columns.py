@@ -38,6 +38,8 @@ class Layout:
     keys: str = "hash"        # hash | raw (decimal ids, must be < rows) | hex (Criteo)
     pad: bool = False         # lines with fewer fields get empty ones (Criteo copies strip them)
     rows: int = 1             # keys mod rows; 0: 64-bit keys, salted per column (dynamic tables)
+    key_columns: list | None = None   # per categorical, the column number its hash key mixes in (default:
+    #                                   where it is; scoring input laid out otherwise keeps training's)
 
     @property
     def tables(self) -> list:
@@ -154,7 +156,7 @@ def _fast(block: bytes, n: int, lay: Layout):
             else:                                   # any value: salted, so that columns differ
                 v = salted_keys(v.view(np.int64), k).view(np.uint64)
         else:
-            v, bad = hash_keys(off, data, column_key(c)), None
+            v, bad = hash_keys(off, data, column_key(c if lay.key_columns is None else lay.key_columns[k])), None
         if bad is not None and bad.any():
             raise _Slow("categorical")
         keys[:, k] = v

@@ -47,6 +47,14 @@ def binary_buffers(arr):
     return off - off[0], data
 
 
+def _sums(values, off):
+    """Per value, the sum of ``values`` over its bytes ``off[i]:off[i+1]`` (an empty value's: not
+    meaningful, the callers set it). A zero is appended so that every start is an index, the last
+    value's included: clamping the starts instead cut the last byte off a value that only empty
+    values followed (a Criteo block whose last lines leave a column empty read 'a61' as 'a6')."""
+    return np.add.reduceat(np.append(values, values.dtype.type(0)), off[:-1])
+
+
 def _one_length(lens, data):
     """``(mask of the non-empty values, their common length)`` where every non-empty value has one
     length (then ``data`` is a matrix, one row a value), else None."""
@@ -100,12 +108,11 @@ def hex_keys(off, data):
         keys[full] = _swar8(data) if length == 8 else _by_digit(digits.reshape(-1, length))
         return keys, bad
     digits = _HEX[data]
-    starts = np.minimum(off[:-1], data.shape[0] - 1)
-    bad = np.add.reduceat((digits == 255).astype(np.int64), starts) > 0
+    bad = _sums((digits == 255).astype(np.int64), off) > 0
     place = np.repeat(off[1:], lens) - 1 - np.arange(data.shape[0])
     with np.errstate(over="ignore"):
         contrib = (digits & np.uint8(15)).astype(np.uint64) << (np.minimum(place, 15) * 4).astype(np.uint64)
-    keys = np.add.reduceat(contrib, starts)
+    keys = _sums(contrib, off)
     empty = lens == 0
     bad = (bad & ~empty) | (lens > 16)
     keys[empty] = EMPTY_HEX
@@ -120,13 +127,12 @@ def decimal_keys(off, data):
     if data.shape[0] == 0:
         return np.zeros(n, np.uint64), np.ones(n, bool)
     digits = _DEC[data]
-    starts = np.minimum(off[:-1], data.shape[0] - 1)
-    bad = np.add.reduceat((digits == 255).astype(np.int64), starts) > 0
+    bad = _sums((digits == 255).astype(np.int64), off) > 0
     place = np.minimum(np.repeat(off[1:], lens) - 1 - np.arange(data.shape[0]), 19)
     tens = np.uint64(10) ** np.arange(20, dtype=np.uint64)
     with np.errstate(over="ignore"):
         contrib = (digits % np.uint8(10)).astype(np.uint64) * tens[place]
-    keys = np.add.reduceat(contrib, starts)
+    keys = _sums(contrib, off)
     bad = bad | (lens == 0) | (lens > 19)
     keys[lens == 0] = 0
     return keys, bad
@@ -151,12 +157,11 @@ def hash_keys(off, data, key: np.uint64):
         h = np.zeros(n, np.uint64)
         h[full] = v
     else:
-        starts = np.minimum(off[:-1], data.shape[0] - 1)
         place = np.repeat(off[1:], lens) - 1 - np.arange(data.shape[0])
         top = int(place.max()) + 1 if place.shape[0] else 1
         with np.errstate(over="ignore"):
             powers = np.cumprod(np.concatenate([[np.uint64(1)], np.full(top - 1, _P, np.uint64)]))
-            h = np.add.reduceat(data.astype(np.uint64) * powers[place], starts)
+            h = _sums(data.astype(np.uint64) * powers[place], off)
         h[lens == 0] = 0
     with np.errstate(over="ignore"):
         return splitmix64(h ^ splitmix64(lens.astype(np.uint64) ^ key))

@@ -123,6 +123,7 @@ class _Shape:
     def __init__(self, lay, steps, stats):
         self.task, self.tables, self.num_dense, self.steps_per_epoch, self.stats = \
             "ctr", lay.tables, len(lay.dense), steps, stats
+        self.lay = lay
 
 
 def delimited(d, seed: int, num_workers: int, worker: int, comm=None, reads: bool = True):
@@ -151,5 +152,6 @@ def delimited(d, seed: int, num_workers: int, worker: int, comm=None, reads: boo
         return _Shape(lay, epoch_steps(n, d.batch_size), stats)
     data = TabularData("ctr", lay.tables, arrays[0], arrays[1], d.batch_size, num_workers, worker, seed, stats)
     stats["reader"] = "memory"
+    data.lay = lay                         # the columns, for a checkpoint's manifest (a model's serving input)
     return data
 

@@ -78,7 +78,7 @@ def _ckpt_dir(args) -> str:
 def prepare(args):
     """Every check made before MPI communication (alike on every rank): ``(job, error)``, where
     ``job()`` runs the command collectively and returns what rank 0 prints. Local."""
-    from .inputs import resolve_checkpoint, scoring_config
+    from .inputs import peek_columns, resolve_checkpoint, scoring_config
     from .output import Output
     try:
         if args.command == "predict":
@@ -86,12 +86,15 @@ def prepare(args):
                 raise ValueError(f"--part-lines {args.part_lines}: must be >= 1")
             path = resolve_checkpoint(args.checkpoint, _ckpt_dir(args))
             cfg = scoring_config(path, args.config, args.data, args.set)
+            peek_columns(cfg, path, args.labels)
             out = Output(args.out, args.format, args.overwrite)
             out.check(path)
             from .job import predict
             return (lambda: {"predict": predict(cfg, path, out, args.labels, args.part_lines)}), None
         paths = _checkpoints(args)
         cfgs = [scoring_config(p, args.config, args.data, args.set) for p in paths]
+        for c, p in zip(cfgs, paths):
+            peek_columns(c, p, "yes")
         from .evaluate import evaluate_checkpoint
         return (lambda: {"evaluate": [evaluate_checkpoint(c, p) for c, p in zip(cfgs, paths)]}), None
     except (ValueError, OSError) as e:

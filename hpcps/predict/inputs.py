@@ -16,7 +16,7 @@ from ..data.columns import Layout, criteo_layout, parse_block
 from ..data.sources import _index_all, _layout, header_rule
 from ..data.textfiles import LineReader
 
-__all__ = ["resolve_checkpoint", "scoring_config", "index_inputs", "input_layout", "Shape", "check_tables",
+__all__ = ["resolve_checkpoint", "scoring_config", "index_inputs", "input_layout", "Shape", "check_tables", "peek_columns",
            "plan_parts", "read_part", "PARSE_LINES"]
 
 PARSE_LINES = 16384          # lines parsed at once within a part
@@ -75,6 +75,26 @@ def index_inputs(d, comm=None) -> list:
     return _index_all(paths, header_rule(d), comm)
 
 
+def peek_columns(cfg, path, labelled: str = "auto") -> None:
+    """Before any communication: the first input file's header and first line must give the
+    checkpoint's tables (:func:`check_tables`); the job checks every file again. Local."""
+    from ..core.inputs import open_binary
+    from ..data.textfiles import FileIndex
+    first = str(expand_inputs(cfg.data.path, "--data")[0])
+    rule = header_rule(cfg.data)
+    try:
+        f, compressed = open_binary(first)
+    except OSError as e:
+        raise ValueError(f"cannot read data file {first}: {e.strerror}") from None
+    with f:
+        lines = [f.readline().decode("utf-8", "replace").rstrip("\r\n") for _ in range(2)]
+    header = lines[0] if lines[0] and rule(lines[0]) else None
+    fi = FileIndex(first, compressed, header, 1, 0, first=lines[1] if header is not None else lines[0])
+    manifest = store.read_manifest(path)
+    lay, _ = input_layout(cfg.data, [fi], labelled, manifest.get("layout"))
+    check_tables(cfg, Shape(lay), manifest, path)
+
+
 def _without(lay: Layout, col: int) -> Layout:
     """``lay`` for lines that lack column ``col`` (the label): later columns move down one."""
     shift = lambda c: c - (c > col)          # noqa: E731
@@ -83,10 +103,12 @@ def _without(lay: Layout, col: int) -> Layout:
                                categorical=[shift(c) for c in lay.categorical])
 
 
-def input_layout(d, files: list, labelled: str = "auto") -> tuple:
+def input_layout(d, files: list, labelled: str = "auto", trained: dict | None = None) -> tuple:
     """``(layout, id column or None)`` of the input as training read it (``d``: the scoring
     config's data). ``labelled``: ``yes``, ``no`` (the lines lack the label column), ``auto``
-    (no label where a header lacks its name). Local."""
+    (no label where a header lacks its name). A value's hash mixes in its column's place in the
+    training input: ``trained`` (a checkpoint's ``layout``) gives it by name; without one (older
+    checkpoints) the input is taken to have training's columns, less the label. Local."""
     first = files[0]
     header = first.header.split(d.delimiter) if first.header is not None else None
     missing = header is not None and d.format == "csv" and str(d.label) not in [h.strip() for h in header]
@@ -103,9 +125,21 @@ def input_layout(d, files: list, labelled: str = "auto") -> tuple:
         lay = resolve_layout(d, None, ncols, first.path)
     else:
         lay = _layout(d, files)
+    keys = list(lay.categorical)
     if no_label:
         lay = _without(lay, lay.label)
+    lay.key_columns = _key_columns(lay, trained) if trained else keys
     return lay, _id_column(d, lay)
+
+
+def _key_columns(lay: Layout, trained: dict) -> list:
+    """Each categorical column's place in the training input (its hash key), by name. Local."""
+    names = trained["names"]
+    missing = [lay.names[c] for c in lay.categorical if lay.names[c] not in names]
+    if missing:
+        raise ValueError(f"the input's categorical column {missing[0]!r} was not in the training input "
+                         f"(columns: {', '.join(names[:12])})")
+    return [names.index(lay.names[c]) for c in lay.categorical]
 
 
 class Shape:

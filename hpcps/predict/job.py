@@ -66,7 +66,7 @@ def scoring_job(cfg, path, labelled: str, work):
               progress_timeout=j.progress_timeout, ps_layout=j.ps_layout, deterministic=False) as ctx:
         torch.set_num_threads(1 if ctx.is_ps else max(1, ctx.node_cpus // ctx.node_comm.Get_size()))
         files = index_inputs(cfg.data, world)
-        lay, id_col = input_layout(cfg.data, files, labelled)
+        lay, id_col = input_layout(cfg.data, files, labelled, manifest.get("layout"))
         shape = Shape(lay)
         check_tables(cfg, shape, manifest, path)                   # alike on every rank
         tables = make_tables(cfg, ctx, shape, 1, {"prefetch": False, "background_push": False})

@@ -1,6 +1,7 @@
 """Checkpoints of a training job: where they go, which one a job resumes from, and when workers
 take one (``every_steps``, ``every_seconds``, a stop request)."""
 
+import dataclasses
 import json
 import logging
 import os
@@ -22,9 +23,11 @@ __all__ = ["open_checkpointer", "find_resume", "check_same_data", "pick_level", 
 logger = logging.getLogger(__name__)
 
 
-def open_checkpointer(cfg: Config, ctx, tables):
+def open_checkpointer(cfg: Config, ctx, tables, layout=None):
     """The job's :class:`hpcps.checkpoint.Checkpointer` (None without ``checkpoint.dir``); the
-    directory is made by world rank 0 with ``checkpoint.dir_mode``. Collective over the world."""
+    directory is made by world rank 0 with ``checkpoint.dir_mode``. ``layout``: the input's columns
+    (``hpcps.data.columns.Layout``) for the manifest, where the data has one (``hpcps ckpt export
+    --format torchscript`` hashes raw columns by it). Collective over the world."""
     c = cfg.checkpoint
     if not c.dir:
         return None
@@ -56,7 +59,7 @@ def open_checkpointer(cfg: Config, ctx, tables):
         local_failed = [f for f in ctx.world.allgather(local_failed) if f]
         if local_failed:
             raise ValueError(local_failed[0])
-    ckpt = ckpt_mod.Checkpointer(ctx, tables, c.dir, c.keep, c.compression, {"config": cfg.to_dict()},
+    ckpt = ckpt_mod.Checkpointer(ctx, tables, c.dir, c.keep, c.compression, {"config": cfg.to_dict(), **({"layout": dataclasses.asdict(layout)} if layout is not None else {})},
                                  full_every=c.full_every, dir_mode=dir_mode, file_mode=file_mode,
                                  local_dir=c.local_dir, local_keep=c.local_keep,
                                  local_full_every=c.local_full_every if c.local_every else 1)
