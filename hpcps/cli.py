@@ -14,7 +14,7 @@ __all__ = ["main"]
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 BENCHES = ("e2e", "sparse_grid", "scaling", "checkpoint", "dtype", "hosts", "data", "deterministic", "mpis",
-           "quality")   # bench_sparse.py runs under mpiexec itself
+           "quality", "predict")   # bench_sparse.py runs under mpiexec itself
 
 
 def _setup_logging(level: str) -> None:
@@ -97,7 +97,7 @@ def _parser() -> argparse.ArgumentParser:
     ks.add_parser("inspect", help="step, ranks, tables, shapes and sizes of a checkpoint").add_argument("path")
     e = ks.add_parser("export", help="one file with every table in global-id order (a dynamic table: its ids "
                                      "and rows, by id) and the dense tensors",
-                      description="PATH: one checkpoint, or a checkpoint directory meaning its newest verified one.")
+                      description="PATH: one checkpoint, a checkpoint directory meaning its newest verified one, or DIR/best.")
     e.add_argument("path")
     e.add_argument("--out", required=True, help="output file")
     e.add_argument("--format", choices=("h5", "torch", "torchscript"), default="h5",

@@ -4,7 +4,11 @@ goes on to the same output), ``hpcps evaluate``, and the bad inputs refused befo
 
 import gzip
 import json
+import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 from typing import List
 
 import numpy as np
@@ -16,7 +20,7 @@ from hpcps.config import load_config
 from hpcps.data.textfiles import LineReader
 from hpcps.predict.inputs import Shape, index_inputs, input_layout, plan_parts, read_part, resolve_checkpoint
 from hpcps.predict.serving import torch_model, torch_scores
-from mpirun import run_mpi
+from mpirun import ROOT, mpi_env, mpiexec, run_mpi
 
 COLUMNS = ["sid", "click", "u", "v", "w", "x"]
 
@@ -92,8 +96,16 @@ def test_predict_matches_one_process_torch_on_the_export_with_any_ranks_and_resu
     assert one["id"].tolist() == [f"s{i}" for i in range(250)] + [f"s{10_000 + i}" for i in range(290)]
     np.testing.assert_allclose(one["probability"], want, rtol=1e-5, atol=1e-6)
     assert 0.02 < want.std()                                     # the scores differ: a trained model
+    # slurm/predict.sbatch as a batch job runs it (outside Slurm: HPCPS_LAUNCH=mpiexec), 2 PS + 3 workers
     parts = tmp_path / "parts"
-    _predict(5, d, d / "inputs" / "part-[01].csv.gz", parts, "--part-lines", "90", "--set", "job.num_ps=2")
+    env = mpi_env({"HPCPS_LAUNCH": "mpiexec", "HPCPS_NTASKS": "5", "HPCPS_NUM_PS": "2", "HPCPS_PYTHON": sys.executable,
+                   "HPCPS_CHECKPOINT": str(d / "ck" / "best"), "HPCPS_DATA": str(d / "inputs" / "part-[01].csv.gz"),
+                   "HPCPS_OUT": str(parts), "PATH": f"{Path(mpiexec()).parent}:{os.environ['PATH']}"})
+    r = subprocess.run(["bash", str(ROOT / "slurm" / "predict.sbatch"), "--part-lines", "90"], env=env, cwd=ROOT,
+                       capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0 and "every part written" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+    summary = json.loads(next(x for x in r.stdout.splitlines() if x.startswith('{"predict"')))["predict"]
+    assert (summary["num_ps"], summary["num_workers"], summary["rows"]) == (2, 3, 540)
     index = json.loads((parts / "index.json").read_text())
     assert [p["file"] for p in index["parts"]] == [f"part-{i:05d}.csv" for i in range(7)]
     joined = np.concatenate([pacsv.read_csv(parts / p["file"]).to_pandas()["probability"] for p in index["parts"]])

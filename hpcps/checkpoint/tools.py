@@ -15,8 +15,14 @@ __all__ = ["ls", "verify_cmd", "inspect", "export", "weights", "pick"]
 
 
 def pick(path) -> Path:
-    """A checkpoint, or a directory of them meaning its newest verified one. Local."""
+    """A checkpoint, a directory of them meaning its newest verified one, or ``DIR/best`` (the
+    best evaluation's, ``checkpoint.keep_best``). Local."""
     p = Path(path)
+    if p.name == "best" and p.is_file():
+        best = store.read_best(p.parent)
+        if best is None:
+            raise ValueError(f"{path}: names no checkpoint that still exists")
+        return Path(best["path"])
     if (p / store.MANIFEST).exists():
         return p
     found = store.newest_verified(p, report=lambda m: print(m))

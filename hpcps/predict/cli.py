@@ -31,7 +31,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace an existing output")
     p.add_argument("--labels", choices=("auto", "yes", "no"), default="auto",
                    help="whether the lines hold the label column (auto: yes, unless a header lacks its name)")
-    p.add_argument("--part-lines", type=int, default=1 << 20, help="input lines per part (default 1048576)")
+    p.add_argument("--part-lines", type=int, default=0,
+                   help="input lines per part (default 0: about 64 parts, 16384 to 1048576 lines each)")
     _common(p)
     e = sub.add_parser("evaluate", help="AUC, logloss and calibration of checkpoints on labelled files (MPI job)",
                        description=(
@@ -82,8 +83,8 @@ def prepare(args):
     from .output import Output
     try:
         if args.command == "predict":
-            if args.part_lines < 1:
-                raise ValueError(f"--part-lines {args.part_lines}: must be >= 1")
+            if args.part_lines < 0:
+                raise ValueError(f"--part-lines {args.part_lines}: must be >= 1 (0: auto)")
             path = resolve_checkpoint(args.checkpoint, _ckpt_dir(args))
             cfg = scoring_config(path, args.config, args.data, args.set)
             peek_columns(cfg, path, args.labels)

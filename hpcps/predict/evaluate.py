@@ -19,7 +19,7 @@ def calibration(y: np.ndarray, p: np.ndarray) -> float:
     return float(np.mean(p)) / rate if rate > 0 else float("nan")
 
 
-def evaluate_checkpoint(cfg, path, part_lines: int = 1 << 20) -> dict:
+def evaluate_checkpoint(cfg, path, part_lines: int = 0) -> dict:
     """AUC, logloss and calibration of checkpoint ``path`` on ``cfg.data.path`` (which must have
     the label column); on every rank. Collective over ``MPI.COMM_WORLD``."""
     from .job import scoring_job

@@ -17,7 +17,7 @@ from ..data.sources import _index_all, _layout, header_rule
 from ..data.textfiles import LineReader
 
 __all__ = ["resolve_checkpoint", "scoring_config", "index_inputs", "input_layout", "Shape", "check_tables", "peek_columns",
-           "plan_parts", "read_part", "PARSE_LINES"]
+           "part_size", "plan_parts", "read_part", "PARSE_LINES"]
 
 PARSE_LINES = 16384          # lines parsed at once within a part
 
@@ -186,9 +186,23 @@ def _id_column(d, lay: Layout) -> int | None:
     return lay.names.index(str(d.id))
 
 
+AUTO_PARTS, MIN_PART, MAX_PART = 64, 16384, 1 << 20
+
+
+def part_size(files: list, part_lines: int) -> int:
+    """``--part-lines``, 0 meaning auto: the input in about ``AUTO_PARTS`` parts (work for every
+    worker), each 16,384 to 1,048,576 lines. It depends on the input alone, so a rerun with other
+    ranks goes on with the same parts. Local."""
+    if part_lines:
+        return part_lines
+    total = sum(f.lines for f in files)
+    return int(min(MAX_PART, max(MIN_PART, -(-total // AUTO_PARTS))))
+
+
 def plan_parts(files: list, part_lines: int) -> list:
-    """``[(file number, lo, hi)]``: each file's data lines cut into parts of at most ``part_lines``,
-    in input order. Local."""
+    """``[(file number, lo, hi)]``: each file's data lines cut into parts of at most ``part_lines``
+    (0: :func:`part_size`'s), in input order. Local."""
+    part_lines = part_size(files, part_lines)
     return [(k, lo, min(lo + part_lines, fi.lines)) for k, fi in enumerate(files)
             for lo in range(0, fi.lines, part_lines)]
 
@@ -205,8 +219,26 @@ def read_part(reader: LineReader, files: list, part: tuple, lay: Layout, id_col,
         where = lambda i, a=a: f"{fi.path}:{a + i + 1 + (fi.header is not None)}"   # noqa: E731
         dense, keys, labels, slots = parse_block(block, b - a, where, lay, skip_bad, stats)
         lines = np.arange(a, b, dtype=np.int64) if slots is None else a + slots
-        ids = None
-        if id_col is not None:
-            raw = np.array(block.split(b"\n")[:-1], dtype=object)[lines - a]
-            ids = [x.decode("utf-8", "replace").rstrip("\r").split(lay.delimiter)[id_col] for x in raw]
+        ids = None if id_col is None else _ids(block, lay, id_col, None if slots is None else lines - a)
         yield dense, keys, (labels if lay.label >= 0 else None), lines, ids
+
+
+def _ids(block: bytes, lay: Layout, col: int, keep):
+    """Column ``col`` of the block's lines (``keep``: the good lines' numbers, None: all) as a list of
+    str: pyarrow's reader where every line parses, else a split per line."""
+    if keep is None:
+        import pyarrow as pa
+        import pyarrow.csv as pacsv
+        names = [f"f{c}" for c in range(lay.ncols)]
+        try:
+            table = pacsv.read_csv(pa.py_buffer(block), read_options=pacsv.ReadOptions(column_names=names, use_threads=False),
+                                   parse_options=pacsv.ParseOptions(delimiter=lay.delimiter, quote_char=False),
+                                   convert_options=pacsv.ConvertOptions(column_types={names[col]: pa.string()},
+                                                                        include_columns=[names[col]],
+                                                                        strings_can_be_null=False))
+            return table.column(0).to_pylist()
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            pass
+    raw = block.split(b"\n")[:-1]
+    rows = range(len(raw)) if keep is None else keep
+    return [raw[i].decode("utf-8", "replace").rstrip("\r").split(lay.delimiter)[col] for i in rows]

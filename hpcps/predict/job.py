@@ -19,7 +19,7 @@ from ..context import init
 from ..data.textfiles import LineReader
 from ..nn import ShardedEmbeddingBag
 from ..train.build import build_model, make_lookups, make_tables
-from .inputs import Shape, check_tables, index_inputs, input_layout, plan_parts, read_part
+from .inputs import Shape, check_tables, index_inputs, input_layout, part_size, plan_parts, read_part
 from .output import Output
 
 __all__ = ["predict", "scoring_job", "ScoringModel"]
@@ -80,7 +80,7 @@ def scoring_job(cfg, path, labelled: str, work):
     return world.bcast(answer, root=first)
 
 
-def predict(cfg, path, out: Output, labelled: str = "auto", part_lines: int = 1 << 20) -> dict:
+def predict(cfg, path, out: Output, labelled: str = "auto", part_lines: int = 0) -> dict:
     """Score ``cfg.data.path`` with checkpoint ``path`` into ``out``; returns the summary (rows,
     parts written, seconds) on every rank. Collective over ``MPI.COMM_WORLD``."""
     t0 = time.perf_counter()
@@ -90,10 +90,10 @@ def predict(cfg, path, out: Output, labelled: str = "auto", part_lines: int = 1 
         starts = np.cumsum([0] + [f.lines for f in files])
         W, w, comm = ctx.num_workers, ctx.worker_rank, ctx.worker_comm
         out.begin({"checkpoint": str(path.resolve()), "inputs": [[f.path, f.lines] for f in files],
-                   "part_lines": part_lines, "format": out.fmt}, w == 0)
+                   "part_lines": part_size(files, part_lines), "format": out.fmt}, w == 0)
         comm.Barrier()
         reader, stats = LineReader(files), {"skipped_lines": 0}
-        rows, written = {}, 0
+        rows, written, t_parts = {}, 0, time.perf_counter()
         for i in range(w, len(parts), W):
             if out.done(i):
                 rows[i] = out.rows(i)
@@ -101,13 +101,15 @@ def predict(cfg, path, out: Output, labelled: str = "auto", part_lines: int = 1 
             rows[i] = out.write(i, _score_part(model, reader, files, parts[i], lay, id_col, starts, cfg, stats))
             written += 1
         reader.close()
-        gathered = comm.gather((rows, written, stats["skipped_lines"]), root=0)
+        busy = time.perf_counter() - t_parts
+        gathered = comm.gather((rows, written, stats["skipped_lines"], busy), root=0)
         if w != 0:
             return None
-        every = {k: v for r, _, _ in gathered for k, v in r.items()}
-        summary = {"rows": int(sum(every.values())), "parts": len(parts),
+        every = {k: v for r, *_ in gathered for k, v in r.items()}
+        summary = {"rows": int(sum(every.values())), "parts": len(parts), "num_ps": ctx.num_ps, "num_workers": W,
                    "parts_written": sum(g[1] for g in gathered), "skipped_lines": sum(g[2] for g in gathered),
-                   "labelled": lay.label >= 0, "id_column": lay.names[id_col] if id_col is not None else None}
+                   "labelled": lay.label >= 0, "id_column": lay.names[id_col] if id_col is not None else None,
+                   "score_seconds": round(max(g[3] for g in gathered), 3)}      # reading, scoring, writing
         out.finish([every[i] for i in range(len(parts))],
                    [(int(starts[k] + lo), int(starts[k] + hi)) for k, lo, hi in parts], summary)
         return summary

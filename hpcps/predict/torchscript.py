@@ -15,6 +15,7 @@ over plain ``torch.nn.EmbeddingBag`` tables holding every row, so it suits table
 process's memory. Local.
 """
 
+import warnings
 from pathlib import Path
 from typing import List
 
@@ -152,12 +153,16 @@ def export_torchscript(path, out) -> Path:
     shape = Shape(lay)
     model = torch_model(cfg, shape, tools.weights(path))
     example = (torch.zeros(3, len(lay.dense)), [torch.zeros(3, dtype=torch.int64) for _ in lay.categorical])
-    with torch.no_grad():
+    with torch.no_grad(), warnings.catch_warnings():
+        # the models' branches on a weight's size are constants of the model: what the tracer warns of
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
         traced = torch.jit.trace(model, example, check_trace=False)
     # the key mixed into each column's values: by its place among the categoricals (hex), else in the line
     keys = [_s64(int(column_key(k if lay.keys == "hex" else c))) for k, c in enumerate(lay.categorical)]
     module = RawColumns(traced, lay.keys, keys, lay.rows, lay.dense_log,
                         [lay.names[c] for c in lay.categorical], [lay.names[c] for c in lay.dense])
-    scripted = torch.jit.script(module)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)       # TorchScript: see docs/design.md
+        scripted = torch.jit.script(module)
     scripted.save(str(out))
     return Path(out)
