@@ -82,6 +82,7 @@ def _predict(n, d, data, out, *extra, check=True):
                        *extra], timeout=240, check=check)
 
 
+@pytest.mark.openmpi
 def test_predict_matches_one_process_torch_on_the_export_with_any_ranks_and_resumes(trained, tmp_path):
     import pyarrow.csv as pacsv
     d, sets = trained
