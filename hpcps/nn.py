@@ -25,12 +25,9 @@ from .sparse.validate import as_id_rows
 
 __all__ = ["IdPlan", "ShardedEmbeddingBag", "ShardedEmbeddingCollection"]
 
-# ShardedEmbeddingCollection finds a step's distinct rows with a flag per row of all its tables
-# up to this many rows in all (a pass over the flags costs less than a sort), else by sorting
-_MARK_ROWS = 1 << 20
-# ... or up to this many rows per key looked up: a pass over 2.2M flags took ~1 ms here, sorting the
-# 90k keys of a 4096-sample Avazu batch (hpcps predict) 12 ms
-_MARK_PER_KEY = 32
+# distinct rows by a flag per row of all tables up to this many rows, or per key looked up (2.2M flags
+# took ~1 ms here, sorting the 90k keys of a 4096-sample Avazu batch 12 ms), else by sorting
+_MARK_ROWS, _MARK_PER_KEY = 1 << 20, 32
 
 
 def _host(grad: torch.Tensor, scale: float) -> np.ndarray:
@@ -253,8 +250,7 @@ class IdPlan:
 
     def unique(self, keys: np.ndarray):
         """``np.unique(keys, return_inverse=True)`` with the inverse shaped like ``keys``. Up to
-        ``_MARK_ROWS`` rows in all (or ``_MARK_PER_KEY`` per key), by marking the keys in a flag per
-        row instead of sorting."""
+        ``_MARK_ROWS`` rows in all or ``_MARK_PER_KEY`` per key, by flagging rows instead of sorting."""
         total = int(self.bounds[-1])
         if total > max(_MARK_ROWS, _MARK_PER_KEY * keys.size):
             uniq, inverse = np.unique(keys, return_inverse=True)

@@ -5,11 +5,11 @@ import os
 os.environ.setdefault("HDF5_USE_FILE_LOCKING", "FALSE")   # Lustre/NFS locking errors; must precede h5py
 
 from .coordinator import Checkpointer, sharding_names
-from .restore import restore_dense, restore_tables
+from .restore import load_dense_model, restore_dense, restore_tables
 from . import local
 from .levels import find_local
 from .readback import CorruptFile
 from .store import list_checkpoints, newest_verified, read_manifest, resolve, verify
 
-__all__ = ["Checkpointer", "restore_tables", "restore_dense", "sharding_names", "find_local", "CorruptFile", "list_checkpoints", "newest_verified",
+__all__ = ["Checkpointer", "restore_tables", "restore_dense", "load_dense_model", "sharding_names", "find_local", "CorruptFile", "list_checkpoints", "newest_verified",
            "read_manifest", "resolve", "verify"]

@@ -10,7 +10,7 @@ from .dynamic import check_spec, restore_dynamic
 from .readback import read_checked
 from .shards import read_dense, read_rows, shard_applies, shard_file
 
-__all__ = ["restore_tables", "restore_dense"]
+__all__ = ["restore_tables", "restore_dense", "load_dense_model"]
 
 
 def _sources(path, specs: dict, t) -> list:
@@ -123,6 +123,19 @@ def restore_dense(path, model, optimizer, rank: int | None = None) -> None:
     Data positions need no restoring: global batch ``t`` is a pure function of ``t``, so a job
     resumed at step ``t`` (with any number of workers) reads exactly the samples not yet seen."""
     import torch
+    osd, extra = load_dense_model(path, model)
+    state = {i: {k: torch.from_numpy(np.asarray(v)) if isinstance(v, np.ndarray) else v for k, v in st.items()}
+             for i, st in osd["state"].items()}
+    optimizer.load_state_dict({"state": state, "param_groups": osd["param_groups"]})
+    rngs = extra.get("torch_rng")
+    if rngs is not None and rank is not None and rngs.ndim == 2 and rank < rngs.shape[0]:
+        torch.set_rng_state(torch.from_numpy(rngs[rank].copy()))   # same worker count: its own stream
+
+
+def load_dense_model(path, model) -> tuple:
+    """Load checkpoint ``path``'s dense model into ``model`` (a ``ValueError`` naming the tensors
+    that differ); returns the rest of ``dense.h5``: ``(optimizer state_dict, extra arrays)``. Local."""
+    import torch
     model_arrays, osd, extra = read_dense(Path(path) / "dense.h5")
     mine = model.state_dict()
     diff = [f"{k}: {list(np.shape(v))} in the checkpoint, {list(mine[k].shape)} in the job"
@@ -133,9 +146,4 @@ def restore_dense(path, model, optimizer, rank: int | None = None) -> None:
         raise ValueError(f"checkpoint {path}: the dense model differs (model.bottom_mlp, model.top_mlp, "
                          f"model.dim?): " + "; ".join(diff[:6]) + (f"; and {len(diff) - 6} more" if len(diff) > 6 else ""))
     model.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in model_arrays.items()}, strict=True)
-    state = {i: {k: torch.from_numpy(np.asarray(v)) if isinstance(v, np.ndarray) else v for k, v in st.items()}
-             for i, st in osd["state"].items()}
-    optimizer.load_state_dict({"state": state, "param_groups": osd["param_groups"]})
-    rngs = extra.get("torch_rng")
-    if rngs is not None and rank is not None and rngs.ndim == 2 and rank < rngs.shape[0]:
-        torch.set_rng_state(torch.from_numpy(rngs[rank].copy()))   # same worker count: its own stream
+    return osd, extra

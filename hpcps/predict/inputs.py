@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..checkpoint import store
+from ..checkpoint import store, tools
 from ..config import load_config
 from ..core.inputs import expand_inputs
 from ..data.columns import Layout, criteo_layout, parse_block
@@ -23,25 +23,20 @@ PARSE_LINES = 16384          # lines parsed at once within a part
 
 
 def resolve_checkpoint(spec: str, ckpt_dir: str = "") -> Path:
-    """``--checkpoint``: a checkpoint, a directory (its newest verified checkpoint), ``DIR/best`` or
-    ``best`` (the best evaluation's checkpoint of ``DIR``, or of the config's ``checkpoint.dir``).
-    ``ValueError`` naming what is missing or broken. Local."""
-    p = Path(spec)
-    if spec == "best" or (p.name == "best" and p.is_file()):
-        root = p.parent if spec != "best" else Path(ckpt_dir) if ckpt_dir else None
-        if root is None:
-            raise ValueError("--checkpoint best: the config has no checkpoint.dir (name DIR/best instead)")
-        best = store.read_best(root)
-        if best is None:
-            raise ValueError(f"--checkpoint {spec}: {root} has no best checkpoint (checkpoint.keep_best)")
-        p = Path(best["path"])
+    """``--checkpoint``: what ``hpcps ckpt`` takes (a checkpoint, a directory meaning its newest
+    verified one, ``DIR/best``: :func:`hpcps.checkpoint.tools.pick`), or ``best`` (that of the
+    config's ``checkpoint.dir``); it must verify. ``ValueError`` naming what is missing or broken. Local."""
+    if spec == "best" and not ckpt_dir:
+        raise ValueError("--checkpoint best: the config has no checkpoint.dir (name DIR/best instead)")
+    p = Path(ckpt_dir) / "best" if spec == "best" else Path(spec)
+    if p.name == "best" and not p.exists() and p.parent.is_dir():
+        raise ValueError(f"--checkpoint {spec}: {p.parent} has no best checkpoint (checkpoint.keep_best)")
     if not p.exists():
         raise ValueError(f"--checkpoint {spec}: no such file or directory")
-    if not (p / store.MANIFEST).exists():
-        found = store.newest_verified(p)
-        if found is None:
-            raise ValueError(f"--checkpoint {spec}: no verified checkpoint in that directory")
-        return found
+    try:
+        p = tools.pick(p)
+    except ValueError as e:
+        raise ValueError(f"--checkpoint {spec}: {e}") from None
     ok, why = store.verify_chain(p)
     if not ok:
         raise ValueError(f"--checkpoint {spec}: does not verify: {why}")

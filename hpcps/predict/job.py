@@ -6,25 +6,22 @@ with training's readers, look the rows up and run the model forward (no backward
 write one row per sample (``hpcps.predict.output``). Memory holds one block of lines at a time.
 """
 
-import logging
 import time
 
 import numpy as np
 import torch
 from mpi4py import MPI
 
-from ..checkpoint import read_manifest, restore_tables
-from ..checkpoint.shards import read_dense
+from ..checkpoint import load_dense_model, read_manifest, restore_tables
 from ..context import init
 from ..data.textfiles import LineReader
 from ..nn import ShardedEmbeddingBag
 from ..train.build import build_model, make_lookups, make_tables
 from .inputs import Shape, check_tables, index_inputs, input_layout, part_size, plan_parts, read_part
 from .output import Output
+from .serving import torch_scores
 
 __all__ = ["predict", "scoring_job", "ScoringModel"]
-
-logger = logging.getLogger(__name__)
 
 BATCH = 4096                # samples per forward
 
@@ -37,19 +34,11 @@ class ScoringModel:
         embs = [ShardedEmbeddingBag(t, mode="sum") for t in tables]
         _, lookups = make_lookups(cfg, shape, tables, embs, False)
         self.model = build_model(cfg, lookups, shape)
-        arrays, _, _ = read_dense(path / "dense.h5")
-        mine = self.model.state_dict()
-        if set(arrays) != set(mine) or any(tuple(np.shape(arrays[k])) != tuple(mine[k].shape) for k in mine):
-            raise ValueError(f"{path}: its dense model differs from the config's (model.bottom_mlp, top_mlp, dim?)")
-        self.model.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in arrays.items()})
+        load_dense_model(path, self.model)
         self.model.eval()
 
     def scores(self, dense: np.ndarray, keys: np.ndarray) -> np.ndarray:
-        out = []
-        with torch.no_grad():
-            for a in range(0, dense.shape[0], BATCH):
-                sparse = [torch.from_numpy(np.ascontiguousarray(keys[a:a + BATCH, t])) for t in range(keys.shape[1])]
-                out.append(torch.sigmoid(self.model(torch.from_numpy(dense[a:a + BATCH]), sparse)).numpy())
+        out = [torch_scores(self.model, dense[a:a + BATCH], keys[a:a + BATCH]) for a in range(0, dense.shape[0], BATCH)]
         return np.concatenate(out) if out else np.zeros(0, np.float32)
 
 
