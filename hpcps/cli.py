@@ -96,16 +96,19 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--max-abs", type=float, default=1e6, help="largest |value| --deep accepts (default 1e6)")
     ks.add_parser("inspect", help="step, ranks, tables, shapes and sizes of a checkpoint").add_argument("path")
     e = ks.add_parser("export", help="one file with every table in global-id order (a dynamic table: its ids "
-                                     "and rows, by id) and the dense tensors",
+                                     "and rows, by id) and the dense tensors; or a model to serve",
                       description="PATH: one checkpoint, a checkpoint directory meaning its newest verified one, or DIR/best.")
     e.add_argument("path")
-    e.add_argument("--out", required=True, help="output file")
-    e.add_argument("--format", choices=("h5", "torch", "torchscript"), default="h5",
+    e.add_argument("--out", required=True, help="output file (--format serving: a new directory)")
+    e.add_argument("--format", choices=("h5", "torch", "torchscript", "serving"), default="h5",
                    help="h5: tables/<name>/weights (and a dynamic table's tables/<name>/ids) and dense/<name> "
                         "(h5py reads it alone); "
                         "torch: a plain state_dict for torch.load; torchscript: the model as one TorchScript "
                         "module that torch alone runs on raw columns, model(dense, categorical) -> "
-                        "probabilities (csv and criteo jobs; hpcps.predict.torchscript) (default h5)")
+                        "probabilities (csv and criteo jobs; hpcps.predict.torchscript); serving: for tables too "
+                        "large for one process, a directory of dense.pt (TorchScript: model.ids(categorical), "
+                        "model(dense, rows)) and tables.h5 (each table's sorted ids and rows), served with torch, "
+                        "numpy and h5py as examples/serve.py does (default h5)")
     return p
 
 
@@ -194,6 +197,11 @@ def main(argv=None) -> int:
                 from .predict.torchscript import export_torchscript
                 path = export_torchscript(tools.pick(args.path), args.out)
                 print(f"wrote {path}: torch.jit.load(it)(dense, categorical) gives probabilities")
+                return 0
+            if args.format == "serving":
+                from .predict.serving_export import export_serving
+                path = export_serving(tools.pick(args.path), args.out)
+                print(f"wrote {path}/dense.pt, tables.h5 and serving.json: examples/serve.py serves them")
                 return 0
             return tools.export(args.path, args.out, args.format)
         except (ValueError, OSError) as e:

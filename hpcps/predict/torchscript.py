@@ -130,39 +130,60 @@ class RawColumns(torch.nn.Module):
         return torch.sigmoid(self.model(x, self.ids(categorical)))
 
 
-def export_torchscript(path, out) -> Path:
-    """Checkpoint ``path`` (its manifest's config and input layout, its weights) as a TorchScript
-    module at ``out``; returns ``out``. Local."""
-    from ..checkpoint import store, tools
+def checked_source(path, out, fmt: str):
+    """``(manifest, config, input layout, Shape)`` of checkpoint ``path`` for an export to ``out``
+    in ``fmt``: ``ValueError`` where ``out`` is inside a checkpoint, the checkpoint keeps no input
+    layout, or its tables are dynamic. Local."""
+    from ..checkpoint import store
     from ..config import load_config
     from ..data.columns import Layout
-    from ..data.hashing import column_key
     from .inputs import Shape
-    from .serving import torch_model
     inside = store.inside_checkpoint(out)
     if inside is not None:
         raise ValueError(f"--out {out} is inside checkpoint {inside}: choose a path outside it")
     man = store.read_manifest(path)
     if "layout" not in man:
         raise ValueError(f"{path}: its manifest has no input layout (a synthetic-data job, a ratings job, or a "
-                         "checkpoint written before hpcps kept it): torchscript export needs csv or criteo columns")
+                         f"checkpoint written before hpcps kept it): --format {fmt} needs csv or criteo columns")
     cfg = load_config(None, [], base=man["config"])
     if cfg.model.dynamic_tables:
-        raise ValueError("model.dynamic_tables: --format torchscript takes fixed tables (export the rows with --format h5)")
+        raise ValueError(f"model.dynamic_tables: --format {fmt} takes fixed tables (export the rows with --format h5)")
     lay = Layout(**man["layout"])
-    shape = Shape(lay)
-    model = torch_model(cfg, shape, tools.weights(path))
-    example = (torch.zeros(3, len(lay.dense)), [torch.zeros(3, dtype=torch.int64) for _ in lay.categorical])
+    return man, cfg, lay, Shape(lay)
+
+
+def trace(model, example):
+    """``torch.jit.trace`` of ``model`` on ``example`` (no grad). Local."""
     with torch.no_grad(), warnings.catch_warnings():
         # the models' branches on a weight's size are constants of the model: what the tracer warns of
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
-        traced = torch.jit.trace(model, example, check_trace=False)
+        return torch.jit.trace(model, example, check_trace=False)
+
+
+def hashing(lay) -> tuple:
+    """:class:`RawColumns`' arguments after the model: how the readers hash ``lay``'s columns. Local."""
+    from ..data.hashing import column_key
     # the key mixed into each column's values: by its place among the categoricals (hex), else in the line
     keys = [_s64(int(column_key(k if lay.keys == "hex" else c))) for k, c in enumerate(lay.categorical)]
-    module = RawColumns(traced, lay.keys, keys, lay.rows, lay.dense_log,
-                        [lay.names[c] for c in lay.categorical], [lay.names[c] for c in lay.dense])
+    return (lay.keys, keys, lay.rows, lay.dense_log, [lay.names[c] for c in lay.categorical],
+            [lay.names[c] for c in lay.dense])
+
+
+def script_save(module, out) -> Path:
+    """``torch.jit.script(module)`` saved at ``out``. Local."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)       # TorchScript: see docs/design.md
         scripted = torch.jit.script(module)
     scripted.save(str(out))
     return Path(out)
+
+
+def export_torchscript(path, out) -> Path:
+    """Checkpoint ``path`` (its manifest's config and input layout, its weights) as a TorchScript
+    module at ``out``; returns ``out``. Local."""
+    from ..checkpoint import tools
+    from .serving import torch_model
+    man, cfg, lay, shape = checked_source(path, out, "torchscript")
+    model = torch_model(cfg, shape, tools.weights(path))
+    traced = trace(model, (torch.zeros(3, len(lay.dense)), [torch.zeros(3, dtype=torch.int64) for _ in lay.categorical]))
+    return script_save(RawColumns(traced, *hashing(lay)), out)
