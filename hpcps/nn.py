@@ -256,7 +256,7 @@ class IdPlan:
             uniq, inverse = np.unique(keys, return_inverse=True)
             return uniq, inverse.reshape(keys.shape)
         if self._seen is None:
-            self._seen, self._slot = np.zeros(total, np.bool_), np.empty(total, np.int64)
+            self._seen, self._slot = np.zeros(total, np.bool_), np.empty(total, np.int32)   # half the cache
         self._seen[keys] = True
         uniq = np.flatnonzero(self._seen)
         self._seen[uniq] = False
@@ -281,7 +281,7 @@ class IdPlan:
         """One unique over every table's checked ids ``inputs``: ``(uniq, index (samples, tables)
         into it, each table's first position in uniq and one past the last)``."""
         uniq, index = self.unique(self.keys(inputs))
-        index = np.ascontiguousarray(index.T)                   # (samples, tables), as the gather reads it
+        index = np.ascontiguousarray(index.T, np.int64)         # (samples, tables), as the gather reads it
         return uniq, index, np.searchsorted(uniq, self.bag_bounds).tolist()
 
     def pack(self, inputs) -> list:

@@ -1,6 +1,6 @@
 """hpcps predict's throughput against training and against one process of PyTorch, on the same model.
 
-    .venv/bin/python scripts/bench_predict.py [--rows 300000] [--steps 600] [--ranks 3]
+    .venv/bin/python scripts/bench_predict.py [--rows 300000] [--steps 600] [--ranks 3] [--repeat 3]
                                               [--out results/bench_predict.json]
 
 An Avazu-style CSV (scripts/make_ctr_files.py) is made here; examples/avazu.toml's model
@@ -8,14 +8,16 @@ An Avazu-style CSV (scripts/make_ctr_files.py) is made here; examples/avazu.toml
 with a checkpoint and an export; then:
   train      training samples/s per worker (the final line's samples_per_s / workers)
   predict    hpcps predict on the same file with the same ranks: samples/s per worker over the
-             workers' reading, scoring and writing (score_seconds), and over the whole job
+             workers' reading, scoring and writing (score_seconds), and over the whole job;
+             --repeat runs alternating with torch's, medians
   torch      one process: the same readers parse the file, the exported model over plain
-             torch.nn.EmbeddingBag tables scores it (hpcps.predict.serving), one thread per core
+             torch.nn.EmbeddingBag tables scores it (hpcps.predict.serving), one thread
 Ratios (targets): predict per worker / train per worker (>= 3), predict per worker / torch.
 """
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -39,7 +41,8 @@ def torch_scoring(ckpt: Path, export: Path, data: Path) -> dict:
     from hpcps.checkpoint import read_manifest
     from hpcps.config import load_config
     from hpcps.data.textfiles import LineReader
-    from hpcps.predict.inputs import Shape, index_inputs, input_layout, read_part
+    from hpcps.predict.inputs import Shape, index_inputs, input_layout
+    from hpcps.predict.reading import read_part
     from hpcps.predict.serving import torch_model, torch_scores
     man = read_manifest(ckpt)
     cfg = load_config(None, [f"data.path={data}", "data.eval_fraction=0"], base=man["config"])
@@ -61,6 +64,7 @@ def main():
     ap.add_argument("--rows", type=int, default=300_000)
     ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--ranks", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=3, help="predict and torch runs, alternating (medians)")
     ap.add_argument("--out", default="results/bench_predict.json")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -76,18 +80,23 @@ def main():
         final = _line(r.stdout, "final")
         workers = final["num_workers"]
         train = final["samples_per_s"] / workers
-        t = time.perf_counter()
-        r = run_mpi(a.ranks, ["-m", "hpcps", "predict", "--checkpoint", tmp / "ck", "--data", data,
-                              "--out", tmp / "scores"], timeout=3600)
-        job_s = time.perf_counter() - t
-        pred = _line(r.stdout, "predict")
-        per_worker = pred["rows"] / pred["score_seconds"] / workers
-        ckpt = sorted((tmp / "ck").glob("step-*"))[-1]
-        one = torch_scoring(ckpt, tmp / "model.npz", data)
-    res = {"rows": a.rows, "ranks": a.ranks, "workers": workers, "train_samples_per_s_per_worker": train,
-           "predict_samples_per_s_per_worker": per_worker,
-           "predict_job_samples_per_s": pred["rows"] / job_s, "predict_job_seconds": job_s,
-           "predict_score_seconds": pred["score_seconds"], "torch_one_process_samples_per_s": one["samples_per_s"],
+        runs, ones = [], []
+        for k in range(a.repeat):                  # predict and torch alternating; medians
+            t = time.perf_counter()
+            r = run_mpi(a.ranks, ["-m", "hpcps", "predict", "--checkpoint", tmp / "ck", "--data", data,
+                                  "--out", tmp / f"scores{k}"], timeout=3600)
+            pred = _line(r.stdout, "predict")
+            runs.append((pred["rows"] / pred["score_seconds"] / workers, pred["rows"] / (time.perf_counter() - t),
+                         time.perf_counter() - t, pred["score_seconds"]))
+            ckpt = sorted((tmp / "ck").glob("step-*"))[-1]
+            ones.append(torch_scoring(ckpt, tmp / "model.npz", data)["samples_per_s"])
+    per_worker, job_rate, job_s, score_s = (statistics.median(x) for x in zip(*runs))
+    one = {"samples_per_s": statistics.median(ones)}
+    res = {"rows": a.rows, "ranks": a.ranks, "workers": workers, "repeat": a.repeat,
+           "train_samples_per_s_per_worker": train, "predict_samples_per_s_per_worker": per_worker,
+           "predict_runs_samples_per_s_per_worker": [x[0] for x in runs],
+           "predict_job_samples_per_s": job_rate, "predict_job_seconds": job_s,
+           "predict_score_seconds": score_s, "torch_one_process_samples_per_s": one["samples_per_s"],
            "ratio_predict_vs_train_per_worker": per_worker / train,
            "ratio_predict_per_worker_vs_torch": per_worker / one["samples_per_s"]}
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)

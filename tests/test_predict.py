@@ -18,7 +18,8 @@ import torch
 from hpcps.checkpoint import read_manifest
 from hpcps.config import load_config
 from hpcps.data.textfiles import LineReader
-from hpcps.predict.inputs import Shape, index_inputs, input_layout, plan_parts, read_part, resolve_checkpoint
+from hpcps.predict.inputs import Shape, index_inputs, input_layout, plan_parts, resolve_checkpoint
+from hpcps.predict.reading import read_part
 from hpcps.predict.serving import torch_model, torch_scores
 from mpirun import ROOT, mpi_env, mpiexec, run_mpi
 
@@ -88,7 +89,8 @@ def test_predict_matches_one_process_torch_on_the_export_with_any_ranks_and_resu
     d, sets = trained
     lines, want, labels = _expected(d, sets, d / "inputs" / "part-[01].csv.gz")
     # one file from 1 PS + 2 workers; a directory of parts from 2 PS + 3 workers
-    r = _predict(3, d, d / "inputs" / "part-[01].csv.gz", tmp_path / "one.csv", "--part-lines", "90")
+    r = _predict(3, d, d / "inputs" / "part-[01].csv.gz", tmp_path / "one.csv", "--part-lines", "90",
+                 "--set", "pipeline.loader=on")                # each worker parses in a child process
     summary = json.loads(r.stdout.strip().splitlines()[-1])["predict"]
     assert summary["rows"] == len(want) == 250 + 290 and summary["parts"] == 7 and summary["labelled"]
     one = pacsv.read_csv(tmp_path / "one.csv").to_pandas()
@@ -157,6 +159,71 @@ def test_predict_without_labels_equals_the_torchscript_export_with_torch_alone_a
     assert best["auc"] == pytest.approx(auc(y, p), abs=1e-6) and best["samples"] == 540
     assert best["calibration"] == pytest.approx(p.mean() / y.mean(), rel=1e-5)
     assert "| step | auc |" in r.stdout
+
+
+SERVE = """
+import runpy, sys
+for m in ("hpcps", "mpi4py", "pyarrow", "pandas"):
+    sys.modules[m] = None                      # importable: torch, numpy, h5py
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_parse_child_reads_as_the_worker_and_raises_its_errors(tmp_path):
+    """hpcps.predict.reading: the forked parser gives the blocks the worker's own parse gives, in
+    order, with each part's end; a bad line's error names the line in the worker."""
+    from hpcps.predict.reading import read_parts
+    rng = np.random.default_rng(1)
+    (tmp_path / "a.csv").write_text(",".join(COLUMNS) + "\n" + "\n".join(_rows(rng, 700, 0)) + "\n")
+    cfg = load_config(None, ["data.format=csv", f"data.path={tmp_path / 'a.csv'}", "data.label=click", "data.id=sid"])
+    files = index_inputs(cfg.data)
+    lay, id_col = input_layout(cfg.data, files)
+    parts = plan_parts(files, 300)
+    got = [list(read_parts(files, parts, [0, 2], lay, id_col, False, {}, child=c)) for c in (False, True)]
+    assert [(i, b is None) for i, b in got[1]] == [(0, False), (0, True), (2, False), (2, True)]
+    for (i, a), (j, b) in zip(*got):
+        assert i == j and (a is None) == (b is None)
+        if a is not None:
+            assert all(np.array_equal(x, y) for x, y in zip(a[:4], b[:4])) and a[4].to_pylist() == b[4].to_pylist()
+    text = (tmp_path / "a.csv").read_text().splitlines()
+    text[650] = ",".join(["s649", "maybe", *text[650].split(",")[2:]])     # line 651: its label
+    (tmp_path / "a.csv").write_text("\n".join(text) + "\n")
+    files = index_inputs(cfg.data)
+    with pytest.raises(ValueError, match=r"a\.csv:651"):
+        list(read_parts(files, parts, [0, 1, 2], lay, id_col, False, {}, child=True))
+
+
+def test_serving_export_scores_as_predict_with_torch_numpy_and_h5py(trained, tmp_path):
+    """--format serving: dense.pt + tables.h5 (sorted ids, rows); examples/serve.py, with hpcps,
+    mpi4py and pyarrow blocked, gives the single-process scores on labelled and unlabelled lines;
+    a non-empty --out is refused and left alone."""
+    import h5py
+    d, sets = trained
+    best = resolve_checkpoint(str(d / "ck" / "best"))
+    out = tmp_path / "served"
+    r = subprocess.run([sys.executable, "-m", "hpcps", "ckpt", "export", str(d / "ck" / "best"), "--format", "serving",
+                        "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    with h5py.File(out / "tables.h5", "r") as f:
+        names = list(f["tables"])
+        ids = f["tables"][names[0]]["ids"][...]
+        assert f["tables"][names[0]]["rows"].shape == (500, 4) and np.array_equal(ids, np.arange(500))
+    assert len(names) == 2 * len(json.loads((out / "serving.json").read_text())["categorical"])    # deep + wide
+    (tmp_path / "serve.py").write_text(SERVE)
+    for part in (0, 2):                                    # with and without the label column
+        data = d / "inputs" / f"part-{part}.csv.gz"
+        _, want, _ = _expected(d, sets, data)
+        r = subprocess.run([sys.executable, "-I", str(tmp_path / "serve.py"), str(ROOT / "examples" / "serve.py"),
+                            str(out), str(data), "--batch", "100"], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        np.testing.assert_allclose([float(x) for x in r.stdout.split()], want, rtol=1e-5, atol=1e-7)
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "x").write_text("keep")
+    r = subprocess.run([sys.executable, "-m", "hpcps", "ckpt", "export", str(best), "--format", "serving",
+                        "--out", str(tmp_path / "taken")], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "not an empty directory" in r.stderr
+    assert [p.name for p in (tmp_path / "taken").iterdir()] == ["x"]
 
 
 @pytest.mark.parametrize("case, message", [
@@ -251,3 +318,37 @@ def test_torchscript_hashing_is_the_readers(fmt):
     cats = [[x.split(lay.delimiter)[c] for x in lines] for c in lay.categorical]
     got = module.ids(cats)
     assert all(np.array_equal(g.numpy(), keys[:, t]) for t, g in enumerate(got))
+
+
+def test_ratings_predict_and_evaluate_by_the_checkpoints_own_ids(tmp_path):
+    """A ratings model (mf): evaluate on 2 PS + 1 worker gives training's own eval RMSE and MAE of the
+    same lines; predict maps raw ids by the ids the checkpoint keeps (an unknown one to the last
+    row) and gives single-process torch's ratings on the export, for lines without a rating."""
+    from hpcps.predict.ratings import RatingsInput
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "make_ratings.py"), str(tmp_path / "r.dat"), "--ratings",
+                    "4000", "--users", "120", "--items", "80"], check=True, capture_output=True)
+    lines = (tmp_path / "r.dat").read_text().splitlines()
+    (tmp_path / "eval.dat").write_text("\n".join(lines[-400:]) + "\n")              # eval_fraction's lines
+    (tmp_path / "new.dat").write_text("\n".join(["::".join(x.split("::")[:2]) for x in lines[:50]] + ["nobody::nothing"]) + "\n")
+    r = run_mpi(3, ["-m", "hpcps", "train", "--config", ROOT / "examples" / "ratings.toml", "--set",
+                    f"data.path={tmp_path / 'r.dat'}", "job.epochs=2", f"checkpoint.dir={tmp_path / 'ck'}",
+                    f"job.export={tmp_path / 'model.npz'}", "metrics.progress=false", "metrics.path="], timeout=240)
+    final = json.loads(next(x for x in r.stdout.splitlines() if x.startswith('{"final"')))["final"]
+    r = run_mpi(3, ["-m", "hpcps", "evaluate", "--checkpoint", tmp_path / "ck", "--data", tmp_path / "eval.dat",
+                    "--set", "job.num_ps=2"], timeout=240)
+    got = json.loads(next(x for x in r.stdout.splitlines() if x.startswith('{"evaluate"')))["evaluate"][-1]
+    assert got["samples"] == 400 and "auc" not in got and "| step | rmse | mae |" in r.stdout
+    assert got["rmse"] == pytest.approx(final["rmse"], abs=1e-6) and got["mae"] == pytest.approx(final["mae"], abs=1e-6)
+    _ = run_mpi(2, ["-m", "hpcps", "predict", "--checkpoint", tmp_path / "ck", "--data", tmp_path / "new.dat",
+                    "--out", tmp_path / "out.csv"], timeout=240)
+    out = np.genfromtxt(tmp_path / "out.csv", delimiter=",", names=True)
+    assert out.dtype.names == ("line", "rating") and out["line"].tolist() == list(range(51))
+    path = resolve_checkpoint(str(tmp_path / "ck"))
+    man = read_manifest(path)
+    lay = RatingsInput(man["ratings_ids"], labelled=False)
+    _, keys, _, _ = lay.parse((tmp_path / "new.dat").read_bytes(), 51, str, False, {})
+    assert keys[-1].tolist() == [len(man["ratings_ids"]["users"]), len(man["ratings_ids"]["items"])]
+    cfg = load_config(None, [], base=man["config"])
+    model = torch_model(cfg, Shape(lay), dict(np.load(tmp_path / "model.npz")))
+    np.testing.assert_allclose(out["rating"], torch_scores(model, np.zeros((51, 0), np.float32), keys, "ratings"),
+                               rtol=1e-5, atol=1e-5)

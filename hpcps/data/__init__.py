@@ -33,10 +33,10 @@ def make_data(cfg, seed: int, num_workers: int, worker: int, comm=None, reads: b
         raise ValueError(f"data.format = {cfg.format!r} has no raw keys: model.dynamic_tables needs synthetic-ctr, "
                          f"criteo or csv data")
     if cfg.format == "ratings":
-        train, evaluation, nu, ni, mean = load_ratings(cfg.path, cfg.eval_path, cfg.eval_fraction,
+        train, evaluation, nu, ni, mean, ids = load_ratings(cfg.path, cfg.eval_path, cfg.eval_fraction,
                                                        cfg.skip_bad_lines, stats)
         data = TabularData("ratings", [("users", nu), ("items", ni)], train, evaluation, cfg.batch_size,
                            num_workers, worker, seed, stats)
-        data.mean_rating = mean
+        data.mean_rating, data.ids = mean, ids          # ids: kept in checkpoints (hpcps predict)
         return data
     raise ValueError(f"unknown data.format {cfg.format!r}")

@@ -7,10 +7,11 @@ import numpy as np
 
 from .files import read_lines
 
-__all__ = ["parse_rating", "load_ratings"]
+__all__ = ["parse_rating", "load_ratings", "is_header", "split_fields"]
 
 
-def _split(line: str):
+def split_fields(line: str) -> list:
+    """A ratings line's fields (by ``::``, a tab, a comma, else spaces). Local."""
     for sep in ("::", "\t", ","):
         if sep in line:
             return [x.strip() for x in line.split(sep)]
@@ -19,7 +20,7 @@ def _split(line: str):
 
 def parse_rating(line: str):
     """One line -> (user, item, rating). Raises ValueError. Local."""
-    f = _split(line)
+    f = split_fields(line)
     if len(f) not in (3, 4):
         raise ValueError(f"expected 'user item rating [timestamp]', got {len(f)} fields")
     if not f[0] or not f[1]:
@@ -34,8 +35,9 @@ def parse_rating(line: str):
     return f[0], f[1], rating
 
 
-def _is_header(line: str) -> bool:
-    f = _split(line)
+def is_header(line: str) -> bool:
+    """Whether ``line`` is a header: its third field is not a number. Local."""
+    f = split_fields(line)
     if len(f) < 3:
         return False
     try:
@@ -46,10 +48,12 @@ def _is_header(line: str) -> bool:
 
 
 def load_ratings(path, eval_path, eval_fraction, skip_bad, stats):
-    """((train arrays), (eval arrays), num_users, num_items, mean rating). Local."""
-    train = read_lines(path, parse_rating, skip_bad, stats, skip_header=_is_header)
+    """((train arrays), (eval arrays), num_users, num_items, mean rating, {"users": sorted raw user
+    ids, "items": ...}: row ``i`` of a table is its ``i``-th id, and the row after the last is every
+    id the training data lacks). Local."""
+    train = read_lines(path, parse_rating, skip_bad, stats, skip_header=is_header)
     if eval_path:
-        evaluation = read_lines(eval_path, parse_rating, skip_bad, stats, skip_header=_is_header,
+        evaluation = read_lines(eval_path, parse_rating, skip_bad, stats, skip_header=is_header,
                                 key="data.eval_path")
     else:
         cut = len(train) - int(round(len(train) * eval_fraction))
@@ -68,4 +72,4 @@ def load_ratings(path, eval_path, eval_fraction, skip_bad, stats):
 
     tr, ev = arrays(train), arrays(evaluation)
     stats["eval_unknown_ids"] = int((ev[1][0] == nu).sum() + (ev[1][1] == ni).sum())
-    return tr, ev, nu + 1, ni + 1, float(tr[2].mean())
+    return tr, ev, nu + 1, ni + 1, float(tr[2].mean()), {"users": list(users), "items": list(items)}

@@ -20,7 +20,8 @@ def add_parsers(sub) -> None:
                            "training's readers (files, globs, directories, .gz/.bz2; a label column is "
                            "optional) and write one row per sample in input order: line (the data line in "
                            "the whole input, 0-based), data.id's column where the input has it, label where "
-                           "present, probability. --out NAME.csv or NAME.parquet: one file; another name: a "
+                           "present, probability (CTR) or rating (a ratings model: lines 'user item [rating]'). "
+                           "--out NAME.csv or NAME.parquet: one file; another name: a "
                            "directory of parts with index.json. A killed predict run again with the same "
                            "arguments writes only the missing parts. Rank 0 prints {\"predict\": {...}}."),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -34,11 +35,13 @@ def add_parsers(sub) -> None:
     p.add_argument("--part-lines", type=int, default=0,
                    help="input lines per part (default 0: about 64 parts, 16384 to 1048576 lines each)")
     _common(p)
-    e = sub.add_parser("evaluate", help="AUC, logloss and calibration of checkpoints on labelled files (MPI job)",
+    e = sub.add_parser("evaluate", help="AUC, logloss, RMSE, MAE and calibration of checkpoints on labelled files "
+                                        "(MPI job)",
                        description=(
                            "Metrics of one or more checkpoints on labelled input files, each loaded as "
-                           "`hpcps predict` loads it: AUC, logloss, calibration (mean predicted / observed "
-                           "click rate). A directory means every verified checkpoint in it: a table of "
+                           "`hpcps predict` loads it: AUC, logloss, RMSE, MAE and calibration (mean predicted / "
+                           "observed click rate) of a CTR model; RMSE, MAE and calibration (mean predicted / "
+                           "mean rating) of a ratings model. A directory means every verified checkpoint in it: a table of "
                            "metrics per step. Rank 0 prints one JSON line {\"evaluate\": [...]}, then the table."),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     e.add_argument("--checkpoint", required=True, nargs="+", help=CHECKPOINT_HELP.replace(
@@ -106,7 +109,7 @@ def run(result: dict) -> None:
     """Rank 0: print the command's JSON line (and ``evaluate``'s table). Local."""
     print(json.dumps(result), flush=True)
     if "evaluate" in result:
-        print("| step | auc | logloss | calibration | samples | checkpoint |\n| --- | --- | --- | --- | --- | --- |")
+        names = [k for k in ("auc", "logloss", "rmse", "mae", "calibration") if k in result["evaluate"][0]]
+        print(f"| step | {' | '.join(names)} | samples | checkpoint |\n|{' --- |' * (len(names) + 3)}")
         for r in result["evaluate"]:
-            print(f"| {r['step']} | {r['auc']:.5f} | {r['logloss']:.5f} | {r['calibration']:.4f} | {r['samples']} "
-                  f"| {r['checkpoint']} |")
+            print(f"| {r['step']} | {' | '.join(f'{r[k]:.5f}' for k in names)} | {r['samples']} | {r['checkpoint']} |")

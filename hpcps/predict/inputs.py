@@ -7,19 +7,15 @@
 import dataclasses
 from pathlib import Path
 
-import numpy as np
-
 from ..checkpoint import store, tools
 from ..config import load_config
 from ..core.inputs import expand_inputs
-from ..data.columns import Layout, criteo_layout, parse_block
+from ..data.columns import Layout, criteo_layout
 from ..data.sources import _index_all, _layout, header_rule
-from ..data.textfiles import LineReader
+from .ratings import ratings_header, ratings_input
 
-__all__ = ["resolve_checkpoint", "scoring_config", "index_inputs", "input_layout", "Shape", "check_tables", "peek_columns",
-           "part_size", "plan_parts", "read_part", "PARSE_LINES"]
-
-PARSE_LINES = 16384          # lines parsed at once within a part
+__all__ = ["resolve_checkpoint", "scoring_config", "index_inputs", "layout_of", "input_layout", "Shape", "check_tables", "peek_columns",
+           "part_size", "plan_parts"]
 
 
 def resolve_checkpoint(spec: str, ckpt_dir: str = "") -> Path:
@@ -55,8 +51,9 @@ def scoring_config(path: Path, config: str | None, data: str, sets=()):
         have, want = getattr(cfg.model, key, None), saved.get("model", {}).get(key)
         if want is not None and have != want:
             raise ValueError(f"--config: model.{key} = {have!r}, but {path} holds a model with {want!r}")
-    if cfg.data.format not in ("csv", "criteo"):
-        raise ValueError(f"data.format = {cfg.data.format!r}: hpcps predict reads csv and criteo files")
+    if cfg.data.format not in ("csv", "criteo", "ratings"):
+        raise ValueError(f"data.format = {cfg.data.format!r}: hpcps predict reads csv, criteo and ratings files "
+                         "(a synthetic-ctr job has no input to score)")
     if cfg.model.dynamic_tables:
         raise ValueError("model.dynamic_tables: hpcps predict does not score dynamic tables yet "
                          "(hpcps ckpt export writes their ids and rows)")
@@ -67,7 +64,15 @@ def index_inputs(d, comm=None) -> list:
     """Every input file's index (line counts), the files shared out over ``comm``'s ranks.
     Collective over ``comm`` where given, else local."""
     paths = [str(p) for p in expand_inputs(d.path, "--data")]
-    return _index_all(paths, header_rule(d), comm)
+    return _index_all(paths, ratings_header(d) if d.format == "ratings" else header_rule(d), comm)
+
+
+def layout_of(d, files: list, labelled: str, manifest: dict, path) -> tuple:
+    """``(layout, id column or None)`` of the input: :func:`input_layout` (csv, criteo) or a
+    :class:`hpcps.predict.ratings.RatingsInput` (ratings, by checkpoint ``path``'s ids). Local."""
+    if d.format == "ratings":
+        return ratings_input(files, labelled, manifest, path), None
+    return input_layout(d, files, labelled, manifest.get("layout"))
 
 
 def peek_columns(cfg, path, labelled: str = "auto") -> None:
@@ -76,7 +81,7 @@ def peek_columns(cfg, path, labelled: str = "auto") -> None:
     from ..core.inputs import open_binary
     from ..data.textfiles import FileIndex
     first = str(expand_inputs(cfg.data.path, "--data")[0])
-    rule = header_rule(cfg.data)
+    rule = ratings_header(cfg.data) if cfg.data.format == "ratings" else header_rule(cfg.data)
     try:
         f, compressed = open_binary(first)
     except OSError as e:
@@ -86,7 +91,7 @@ def peek_columns(cfg, path, labelled: str = "auto") -> None:
     header = lines[0] if lines[0] and rule(lines[0]) else None
     fi = FileIndex(first, compressed, header, 1, 0, first=lines[1] if header is not None else lines[0])
     manifest = store.read_manifest(path)
-    lay, _ = input_layout(cfg.data, [fi], labelled, manifest.get("layout"))
+    lay, _ = layout_of(cfg.data, [fi], labelled, manifest, path)
     check_tables(cfg, Shape(lay), manifest, path)
 
 
@@ -140,8 +145,9 @@ def _key_columns(lay: Layout, trained: dict) -> list:
 class Shape:
     """What the tables and the model need of the input: its task, tables and dense features."""
 
-    def __init__(self, lay: Layout):
-        self.task, self.tables, self.num_dense, self.steps_per_epoch = "ctr", lay.tables, len(lay.dense), 1
+    def __init__(self, lay):
+        self.task, self.tables, self.num_dense = getattr(lay, "task", "ctr"), lay.tables, len(lay.dense)
+        self.steps_per_epoch = 1
 
 
 def check_tables(cfg, shape: Shape, manifest: dict, path) -> None:
@@ -200,40 +206,3 @@ def plan_parts(files: list, part_lines: int) -> list:
     part_lines = part_size(files, part_lines)
     return [(k, lo, min(lo + part_lines, fi.lines)) for k, fi in enumerate(files)
             for lo in range(0, fi.lines, part_lines)]
-
-
-def read_part(reader: LineReader, files: list, part: tuple, lay: Layout, id_col, skip_bad: bool, stats: dict):
-    """The samples of one part, in order, in blocks of ``PARSE_LINES``: yields ``(dense, keys,
-    labels or None, lines, ids or None)``; ``lines``: each sample's data line in its file
-    (0-based, the header not counted). Local."""
-    k, lo, hi = part
-    fi = files[k]
-    for a in range(lo, hi, PARSE_LINES):
-        b = min(a + PARSE_LINES, hi)
-        block = reader.read(k, a, b)
-        where = lambda i, a=a: f"{fi.path}:{a + i + 1 + (fi.header is not None)}"   # noqa: E731
-        dense, keys, labels, slots = parse_block(block, b - a, where, lay, skip_bad, stats)
-        lines = np.arange(a, b, dtype=np.int64) if slots is None else a + slots
-        ids = None if id_col is None else _ids(block, lay, id_col, None if slots is None else lines - a)
-        yield dense, keys, (labels if lay.label >= 0 else None), lines, ids
-
-
-def _ids(block: bytes, lay: Layout, col: int, keep):
-    """Column ``col`` of the block's lines (``keep``: the good lines' numbers, None: all) as a list of
-    str: pyarrow's reader where every line parses, else a split per line."""
-    if keep is None:
-        import pyarrow as pa
-        import pyarrow.csv as pacsv
-        names = [f"f{c}" for c in range(lay.ncols)]
-        try:
-            table = pacsv.read_csv(pa.py_buffer(block), read_options=pacsv.ReadOptions(column_names=names, use_threads=False),
-                                   parse_options=pacsv.ParseOptions(delimiter=lay.delimiter, quote_char=False),
-                                   convert_options=pacsv.ConvertOptions(column_types={names[col]: pa.string()},
-                                                                        include_columns=[names[col]],
-                                                                        strings_can_be_null=False))
-            return table.column(0).to_pylist()
-        except (pa.ArrowInvalid, pa.ArrowTypeError):
-            pass
-    raw = block.split(b"\n")[:-1]
-    rows = range(len(raw)) if keep is None else keep
-    return [raw[i].decode("utf-8", "replace").rstrip("\r").split(lay.delimiter)[col] for i in rows]

@@ -93,10 +93,10 @@ class Output:
         return self.part_path(i).exists()
 
     def write(self, i: int, columns: dict) -> int:
-        """Part ``i``'s rows (``columns``: name -> array or list, in order), atomically; returns the
+        """Part ``i``'s rows (``columns``: name -> numpy or pyarrow array or list, in order), atomically; returns the
         rows. Local."""
         import pyarrow as pa
-        table = pa.table({k: pa.array(v) for k, v in columns.items()})
+        table = pa.table({k: v if isinstance(v, (pa.Array, pa.ChunkedArray)) else pa.array(v) for k, v in columns.items()})
         path = self.part_path(i)
         tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
         if self.fmt == "parquet":

@@ -29,9 +29,10 @@ def torch_model(cfg, shape, arrays) -> torch.nn.Module:
     return model.eval()
 
 
-def torch_scores(model, dense: np.ndarray, keys: np.ndarray) -> np.ndarray:
-    """Click probabilities of parsed samples (``keys``: (n, tables) row ids). Local."""
+def torch_scores(model, dense: np.ndarray, keys: np.ndarray, task: str = "ctr") -> np.ndarray:
+    """Click probabilities (``task`` ctr) or ratings of parsed samples (``keys``: (n, tables) row
+    ids). Local."""
     with torch.no_grad():
         out = model(torch.from_numpy(dense), [torch.from_numpy(np.ascontiguousarray(keys[:, t]))
                                              for t in range(keys.shape[1])])
-    return torch.sigmoid(out).numpy()
+    return (out if task == "ratings" else torch.sigmoid(out)).numpy()

@@ -68,7 +68,7 @@ def train(cfg: Config) -> dict | None:
         stop = StopRequest(cfg.checkpoint.dir)
         if ctx.is_ps:                                  # a signal to a PS alone: the workers see it
             ctx.add_service_hook(lambda: stop.flag and ctx.control.note_stop())
-        ckpt = open_checkpointer(cfg, ctx, tables, getattr(data, "lay", None))
+        ckpt = open_checkpointer(cfg, ctx, tables, getattr(data, "lay", None), getattr(data, "ids", None))
         record_start(cfg, world)
         t_restore = time.perf_counter()
         resume_from, level, start = load_level(cfg, ctx, tables)

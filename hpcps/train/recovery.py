@@ -23,7 +23,7 @@ __all__ = ["open_checkpointer", "find_resume", "check_same_data", "pick_level", 
 logger = logging.getLogger(__name__)
 
 
-def open_checkpointer(cfg: Config, ctx, tables, layout=None):
+def open_checkpointer(cfg: Config, ctx, tables, layout=None, ids=None):
     """The job's :class:`hpcps.checkpoint.Checkpointer` (None without ``checkpoint.dir``); the
     directory is made by world rank 0 with ``checkpoint.dir_mode``. ``layout``: the input's columns
     (``hpcps.data.columns.Layout``) for the manifest, where the data has one (``hpcps ckpt export
@@ -59,7 +59,12 @@ def open_checkpointer(cfg: Config, ctx, tables, layout=None):
         local_failed = [f for f in ctx.world.allgather(local_failed) if f]
         if local_failed:
             raise ValueError(local_failed[0])
-    ckpt = ckpt_mod.Checkpointer(ctx, tables, c.dir, c.keep, c.compression, {"config": cfg.to_dict(), **({"layout": dataclasses.asdict(layout)} if layout is not None else {})},
+    about = {"config": cfg.to_dict()}                 # what hpcps predict needs of the input, in each manifest
+    if layout is not None:
+        about["layout"] = dataclasses.asdict(layout)
+    if ids is not None:
+        about["ratings_ids"] = ids
+    ckpt = ckpt_mod.Checkpointer(ctx, tables, c.dir, c.keep, c.compression, about,
                                  full_every=c.full_every, dir_mode=dir_mode, file_mode=file_mode,
                                  local_dir=c.local_dir, local_keep=c.local_keep,
                                  local_full_every=c.local_full_every if c.local_every else 1)
