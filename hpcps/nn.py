@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from .sparse.pipeline import CommThread, PushBatch
-from .sparse.validate import as_id_rows
+from .sparse.validate import as_id_rows, grads_ok
 
 __all__ = ["IdPlan", "ShardedEmbeddingBag", "ShardedEmbeddingCollection"]
 
@@ -441,8 +441,8 @@ class ShardedEmbeddingCollection(torch.nn.Module):
         else:
             t0 = time.perf_counter()
             g = _host(grad, scales.pop())
-            # one check of the whole gradient; a non-finite sum leaves the per-table checks to name it
-            checked = checked_ids and bool(np.isfinite(g).all())
+            # one check of the whole gradient (as_grads'); a bad one leaves the per-table checks to name it
+            checked = checked_ids and grads_ok(g)
             for b, uniq, s, k in zip(self.bags, uniqs, starts, sizes):
                 b.send_grad(uniq, g[s:s + k], t0, checked)
                 t0 = time.perf_counter()

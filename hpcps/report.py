@@ -22,9 +22,13 @@ def load_metrics(path) -> list[dict]:
     ``[{"steps": [...], "checkpoints": [...], "final": {...} | None, "path", "offset"}]``, where
     ``offset`` is the run's start on a time axis that continues across runs."""
     runs, cur = [], {"steps": [], "checkpoints": [], "final": None}
-    with open(path) as f:
-        for n, line in enumerate(f, 1):
-            line = line.strip()
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8").strip()
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path}:{n}: not UTF-8 text (a metrics file is JSON lines; byte {e.start}: "
+                                 f"{e.reason})") from None
             if not line:
                 continue
             try:

@@ -25,6 +25,8 @@ def _files(d):
     with h5py.File(d / "real.h5", "w") as f:                   # a valid HDF5 file that is no checkpoint
         f["x"] = [1.0, 2.0]
     (d / "ck").mkdir()
+    (d / "latin1.toml").write_bytes(b'[job]\nsteps = 10  # r\xe9sum\xe9\n')
+    (d / "latin1.jsonl").write_bytes(b'{"step": 1, "loss": 0.5}\n{"note": "\xe9t\xe9"}\n')
 
 
 # (id, argv, extra environment, what the one line must contain)
@@ -36,11 +38,15 @@ CASES = [
     ("toml-duplicate-key", ["train", "--config", "{d}/dup.toml"], {}, "dup.toml"),
     ("toml-unknown-section", ["train", "--config", "{d}/unknown.toml"], {}, "jobs"),
     ("config-missing", ["train", "--config", "{d}/nope.toml"], {}, "nope.toml"),
+    ("config-not-utf8", ["train", "--config", "{d}/latin1.toml"], {}, "latin1.toml is not UTF-8 text"),
     # --set and the environment
     ("underscore-int", ["train", "--set", "job.steps=1_000"], {}, "job.steps"),
     ("float-for-int", ["train", "--set", "job.steps=10.5"], {}, "job.steps"),
     ("unknown-key", ["train", "--set", "job.stepz=1"], {}, "did you mean 'job.steps'"),
     ("negative-steps", ["train", "--set", "job.steps=-1"], {}, "job.steps"),
+    ("negative-epochs", ["train", "--set", "job.epochs=-1"], {}, "job.epochs = '-1' (--set): must be >= 0"),
+    ("mlp-of-text", ["train", "--set", "model.bottom_mlp=abc"], {}, "model.bottom_mlp = 'abc' (--set): expected a list of integers"),
+    ("env-misspelled", ["train"], {"HPCPS_JOB_STEPZ": "3"}, "HPCPS_JOB_STEPZ names no config key; did you mean 'HPCPS_JOB_STEPS'"),
     ("zero-dim", ["train", "--set", "model.dim=0"], {}, "model.dim"),
     ("negative-batch", ["train", "--set", "data.batch_size=-4"], {}, "data.batch_size"),
     ("bad-mode", ["train", "--set", "job.mode=ssp:x"], {}, "job.mode"),
@@ -63,6 +69,7 @@ CASES = [
     ("ckpt-export-empty-dir", ["ckpt", "export", "{d}/ck", "--out", "{d}/o.h5"], {}, "no verified checkpoint"),
     # other commands
     ("report-missing", ["report", "{d}/nothing"], {}, "no such file or directory"),
+    ("report-not-utf8", ["report", "{d}/latin1.jsonl"], {}, "latin1.jsonl:2: not UTF-8 text"),
     ("demo-zero-rows", ["demo", "--rows", "0"], {}, "--rows must be >= 1"),
     ("demo-bad-zipf", ["demo", "--zipf", "0.5"], {}, "--zipf must be > 1"),
     ("bench-unknown", ["bench", "nosuch"], {}, "invalid choice: 'nosuch'"),

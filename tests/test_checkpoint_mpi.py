@@ -11,7 +11,7 @@ import h5py
 import numpy as np
 import pytest
 
-from hpcps.checkpoint import store
+from hpcps.checkpoint import local, store
 from mpirun import ROOT, kill_launch, launch_mpi, rank_pid, reap, run_mpi, train_many
 
 TINY = ROOT / "tests" / "configs" / "tiny_ctr.toml"
@@ -230,10 +230,12 @@ def test_stop_request_checkpoints_and_exits_85(tmp_path, straight, how):
     code, out, err = reap(proc, timeout=90)
     assert code == 85, err[-2000:]
     f = _final(out)
-    assert f["stopped"] and 5 <= f["steps"] < 30 and f["checkpoints"][-1] == f["steps"]
-    (ck / "STOP").unlink(missing_ok=True)
+    assert f["stopped"] and f["saved"] and 5 <= f["steps"] < 30 and f["checkpoints"][-1] == f["steps"]
+    why = "the file" if how == "stop-file" else "a signal"
+    assert f"stop requested ({why}" in err and "exiting with code 85" in err, err[-2000:]
+    assert not (ck / "STOP").exists()                   # consumed: the next run is not stopped by it
     r = run_mpi(4, argv, timeout=120)
-    assert _final(r.stdout)["start_step"] == f["steps"]
+    assert _final(r.stdout)["start_step"] == f["steps"] and "saved" not in _final(r.stdout)
     _same(tmp_path / "w.npz", straight["adam"])
 
 
@@ -382,6 +384,8 @@ def test_node_local_level_restarts_bit_equal_and_ckpt_ls_shows_it(tmp_path, stra
     done = f["local_checkpoints"]
     assert done[0] == 4 and len(done) >= 4 and min(b - a for a, b in zip(done, done[1:])) >= 4, done
     assert f["checkpoints"] == [30]
+    assert [p.name for p in (tmp_path / "local").iterdir()] == [local.job_root(loc, ck).name]   # the job's own
+    loc = local.job_root(loc, ck)
     # local_keep=2 keeps the newest two, and the chain they build on (all from step 4)
     assert {p.name.split(".")[0] for p in loc.iterdir()} == {f"step-{s:09d}" for s in done}
     mans = [store.read_manifest(p) for p in loc.iterdir() if p.name.startswith(f"step-{done[-1]:09d}")]
@@ -409,6 +413,7 @@ def test_a_local_file_failing_its_check_as_the_ps_loads_it_is_set_aside_and_an_o
     sets = [f"checkpoint.dir={ck}", f"checkpoint.local_dir={loc}", "checkpoint.local_every=4",
             "checkpoint.local_full_every=3", f"job.export={tmp_path / 'w.npz'}"]
     done = _final(_train(4, sets).stdout)["local_checkpoints"]
+    loc = local.job_root(loc, ck)                                  # the job's own directory in local_dir
     kinds = {p.name: store.read_manifest(p)["kind"] for p in loc.iterdir()}
     assert "full" in kinds.values() and "delta" in kinds.values(), kinds
     shutil.rmtree(store.step_dir(ck, 30))

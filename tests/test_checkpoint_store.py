@@ -340,3 +340,34 @@ def test_node_local_pruning_waits_for_the_lagging_writer_and_keeps_chains(tmp_pa
     commit(50, 3, chains[50])
     commit(60, 3, chains[60])
     assert steps() == [40, 50, 60]                   # the newest two whole steps, and 40 under them
+
+
+def test_a_manifest_step_edited_by_hand_fails_verification_and_an_older_one_is_taken(tmp_path, capsys):
+    from hpcps.checkpoint import tools
+    _make(tmp_path, 10)
+    p = _make(tmp_path, 100)
+    man = json.loads((p / "manifest.json").read_text())
+    man["step"] = 110
+    (p / "manifest.json").write_text(json.dumps(man))
+    ok, why = store.verify(p)
+    assert not ok and "the manifest says step 110, its directory step 100" in why
+    assert store.resolve("auto", tmp_path) == store.step_dir(tmp_path, 10)
+    assert tools.verify_cmd(p, False, 1e6) == 1
+    assert capsys.readouterr().out.count("step-000000100") == 1          # named once, not twice
+
+
+def test_a_planted_step_tmp_symlink_is_unlinked_never_followed(tmp_path):
+    target = tmp_path / "precious"
+    target.mkdir()
+    (target / "f").write_text("keep")
+    root = tmp_path / "ck"
+    root.mkdir()
+    link = store.tmp_dir(root, 20)
+    link.symlink_to(target)
+    store.remove_tree(link)                                  # what a checkpoint of step 20 does first
+    assert not link.is_symlink() and (target / "f").read_text() == "keep"
+    link.symlink_to(target)
+    _make(root, 30)                                          # a commit's clean-up of stale .tmp entries
+    assert not link.is_symlink() and (target / "f").read_text() == "keep"
+    with pytest.raises(OSError, match=f"cannot remove {tmp_path / 'none'}"):
+        store.remove_tree(tmp_path / "none")

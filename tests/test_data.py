@@ -59,7 +59,8 @@ def test_criteo_line_parsing_pads_and_validates():
     from hpcps.core.ids import splitmix64
     from hpcps.data.hashing import column_key
     assert keys[0, 0] == int(splitmix64(np.uint64(0x68FD1E64) ^ column_key(0)) % np.uint64(1 << 20))
-    for bad, msg in [("2\t1", "label .* must be 0 or 1"), ("0\tx", "I1 is not a finite number"),
+    for bad, msg in [("1\t2\t3", "3 fields, expected 40"),       # cut short: fewer than the label, I1-I13 and C1
+                     ("2" + "\t1" * 14, "label .* must be 0 or 1"), ("0\tx" + "\t1" * 13, "I1 is not a finite number"),
                      ("0" + "\t1" * 13 + "\tzz", "C1 is not a hex value"), ("0" + "\t" * 45, "expected 40"),
                      ("0" + "\t1" * 13 + "\t" + "f" * 32, "at most 64 bits"),
                      ("0" + "\t1" * 13 + "\t-ff", "C1 is not a hex value"), ("0" + "\t1" * 13 + "\tf_f", "hex")]:
@@ -83,7 +84,7 @@ def test_criteo_real_sample_reads_and_shards():
 def test_criteo_malformed_line_names_file_and_line(tmp_path):
     good = "0" + "\t1" * 13 + "\tab" * 26
     f = tmp_path / "c.txt"
-    f.write_text("\n".join([good] * 5 + ["0\tnot-a-number"] + [good] * 4) + "\n")
+    f.write_text("\n".join([good] * 5 + ["0\tnot-a-number" + "\t1" * 13] + [good] * 4) + "\n")
     sets = ["data.format=criteo", f"data.path={f}", "data.batch_size=2", "job.epochs=1"]
     with pytest.raises(BadLine, match=rf"{f}:6: column I1 is not a finite number"):
         make_data(load_config(None, sets, environ={}).data, 0, 1, 0)

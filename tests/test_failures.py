@@ -119,14 +119,14 @@ def test_a_read_only_checkpoint_dir_is_refused_before_training(tmp_path):
 _INF_ROWS = """
 import numpy as np, hpcps
 hpcps.prepare_process()
-opt = hpcps.optim.SGD(lr=10.0, schedule=hpcps.optim.LRSchedule(warmup_steps=1))    # stateful: the PS applies
+opt = hpcps.optim.SGD(lr=1e21, schedule=hpcps.optim.LRSchedule(warmup_steps=1))    # stateful: the PS applies
 with hpcps.init(num_ps=1, mode="sync") as ctx:
     t = hpcps.EmbeddingTable(ctx, "w", 10, 2, optimizer=opt)
     if ctx.is_ps:
         ctx.serve()
     else:
         ctx.step_begin(0)
-        t.push([1, 2], np.full((2, 2), 1e38, np.float32))       # finite gradients; 10 x 1e38 is not
+        t.push([1, 2], np.full((2, 2), 1e18, np.float32))       # finite gradients; 1e21 x 1e18 is not
         ctx.step_end(0)
         ctx.fence(1)
         raise SystemExit("the PS applied an update that made rows inf and carried on")

@@ -234,9 +234,12 @@ def test_cluster_tool_undoes_a_failed_up_and_refuses_down_while_processes_run():
     assert not _leftovers(name)
 
 
-def _host_local_dir(host: str, name: str) -> Path:
-    """Host ``host``'s /dev/shm/``name`` as this (outer) machine sees it (scripts/cluster.sh)."""
-    return Path(f"/run/hpcps-cluster/{os.environ['HPCPS_CLUSTER']}/shm/{host}/{name}")
+def _host_local_dir(host: str, name: str, ck: Path | None = None) -> Path:
+    """Host ``host``'s /dev/shm/``name`` as this (outer) machine sees it (scripts/cluster.sh); with
+    ``ck``, the job of that ``checkpoint.dir``'s own directory in it."""
+    from hpcps.checkpoint import local
+    base = Path(f"/run/hpcps-cluster/{os.environ['HPCPS_CLUSTER']}/shm/{host}/{name}")
+    return base if ck is None else local.job_root(base, ck)
 
 
 def _parts_of(local_dir: Path, ck: Path, step: int) -> list:
@@ -262,26 +265,26 @@ def test_a_host_lost_with_its_local_files_restarts_from_partner_copies_bit_equal
     sets = ["optimizer.sparse.name=adam", "optimizer.sparse.lr=0.05", "job.num_ps=2", "checkpoint.every_steps=1000",
             "checkpoint.local_every=3", "checkpoint.local_full_every=10", f"checkpoint.local_dir=/dev/shm/{name}"]
     hosts = "h0:2,h1:2,h2:1"
-    # the straight run's parts share the local directory: a restart takes only its own job's
+    # the straight run shares the local directory (its own job directory there)
     _train(5, hosts, sets + [f"checkpoint.dir={tmp_path / 'straight'}", f"job.export={tmp_path / 'straight.npz'}"])
     ck, out = tmp_path / "ck", tmp_path / "w.npz"
     sets += [f"checkpoint.dir={ck}", f"job.export={out}"]
     proc = launch_mpi(5, ["-m", "hpcps", "train", "--config", TINY, "--set", *sets],
                       env={"HPCPS_STEP_DELAY": "0.1"}, hosts=hosts)
     deadline = time.time() + 120
-    while time.time() < deadline and not _parts_of(_host_local_dir("h0", name), ck, 6):   # its second or later
+    while time.time() < deadline and not _parts_of(_host_local_dir("h0", name, ck), ck, 6):   # its second or later
         time.sleep(0.05)
     _kill_all(_pids_on("h1"))
     code, so, _ = reap(proc, timeout=120)
     _assert_ended_unfinished(code, so, out)
     shutil.rmtree(_host_local_dir("h1", name))                   # h1's node-local files are gone
-    held = {s for p in _host_local_dir("h0", name).glob("step-*.r*[0-9]") for s in store.read_manifest(p)["shards"]}
+    held = {s for p in _host_local_dir("h0", name, ck).glob("step-*.r*[0-9]") for s in store.read_manifest(p)["shards"]}
     assert held == {0, 1}                                        # its own shard and h1's PS's partner copy
     r = _train(5, hosts, sets)
     f = _final(r.stdout)
     assert f["restored_from"] == "local" and 3 <= f["start_step"] < 30, r.stderr[-2000:]
     assert "copied from other hosts" in r.stderr and "node-local level" in r.stderr
-    assert list(_host_local_dir("h1", name).glob("step-*"))     # rebuilt there
+    assert list(_host_local_dir("h1", name, ck).glob("step-*"))     # rebuilt there
     a, b = np.load(out), np.load(tmp_path / "straight.npz")
     for k in a.files:
         np.testing.assert_array_equal(a[k], b[k], err_msg=k)
@@ -301,16 +304,16 @@ def test_kills_during_local_and_partner_writes_never_load_a_corrupt_part(tmp_pat
             "job.steps=100000", "data.rows_per_table=100000"]
     rng = random.Random(2)
     for trial in range(3):
-        before = set(_host_local_dir("h1", name).glob("step-*"))
+        before = set(_host_local_dir("h1", name, ck).glob("step-*"))
         proc = launch_mpi(4, argv, hosts="h0:2,h1:2")
         t0 = time.time()
-        while time.time() - t0 < 90 and not set(_host_local_dir("h1", name).glob("step-*")) - before:
+        while time.time() - t0 < 90 and not set(_host_local_dir("h1", name, ck).glob("step-*")) - before:
             time.sleep(0.02)                                     # this launch writes local checkpoints
         time.sleep(rng.uniform(0.0, 1.5))
         for h in ("h0", "h1"):
             _kill_all(_pids_on(h))
         reap(proc)
-        parts = [p for h in ("h0", "h1") for p in local.scan(_host_local_dir(h, name))]
+        parts = [p for h in ("h0", "h1") for p in local.scan(_host_local_dir(h, name, ck))]
         assert parts and all(p["ok"] for p in parts), [p["why"] for p in parts if not p["ok"]]
     r = _train(4, "h0:2,h1:2", argv[6:-2] + ["job.steps=1", "data.rows_per_table=100000", "checkpoint.local_every=0"],
                check=False)

@@ -28,7 +28,10 @@ def test_bad_ids(ids, msg):
 
 
 def test_grads_ok():
+    from hpcps.sparse.validate import grads_ok
     g = as_grads("t", np.ones((2, 4), np.float32), 2, 4)
+    big = np.full((4096, 64), 1e18, np.float32)             # every square fits, their sum does not
+    assert not grads_ok(big) and as_grads("t", big, 4096, 64) is not None
     assert g.flags.c_contiguous and g.shape == (2, 4)
     assert as_grads("t", torch.ones(3, 4), 3, 4).dtype == np.float32
 
@@ -39,6 +42,8 @@ def test_grads_ok():
     (np.ones((2, 5), np.float32), "shape"),
     (np.array([[1, 1, 1, 1], [1, np.nan, 1, 1]], np.float32), "NaN or Inf in 1 row\\(s\\), first at position 1"),
     (np.array([[np.inf, 1, 1, 1], [1, 1, 1, 1]], np.float32), "NaN or Inf"),
+    # finite, but its square overflows the float32 state of Adagrad or Adam: the row would freeze
+    (np.array([[1, 1, 1, 1], [1, 1, 1e38, 1]], np.float32), "magnitude 1e\\+38 in 1 row\\(s\\), first at position 1"),
 ])
 def test_bad_grads(grads, msg):
     with pytest.raises(ValueError, match="table 't': " if "shape" not in msg else msg):

@@ -26,7 +26,6 @@ wait for the one before: each PS cuts at once and writes its cuts in order
 
 import logging
 import platform
-import shutil
 import time
 from collections import deque
 from pathlib import Path
@@ -160,8 +159,8 @@ class Checkpointer(PsWriter):
             else:
                 self._step_meta, self._started[step] = meta or {}, time.perf_counter()
                 tmp = store.tmp_dir(self.root, step)
-                if tmp.exists():
-                    shutil.rmtree(tmp)
+                if tmp.exists() or tmp.is_symlink():
+                    store.remove_tree(tmp)           # an unfinished one (a link planted there is unlinked)
                 tmp.mkdir(mode=self.dir_mode, parents=True)
                 tmp.chmod(self.dir_mode)            # exactly the configured mode, whatever the umask
                 delta = self._since_full is not None and self._since_full + 1 < self.full_every
@@ -355,7 +354,7 @@ class Checkpointer(PsWriter):
         else:
             self._since_full += 1
         self._pending = None
-        logger.info("checkpoint step %d committed", step)
+        logger.debug("checkpoint step %d committed", step)
         return True
 
     def _prunable(self, name: str) -> bool:

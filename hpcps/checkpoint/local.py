@@ -1,6 +1,8 @@
 """The node-local level of checkpoints (as in SCR and VeloC): each writer's part on its host.
 
-    <checkpoint.local_dir>/                 on every host (node-local: /dev/shm, a local SSD)
+    <checkpoint.local_dir>/<job>/           on every host (node-local: /dev/shm, a local SSD); <job>
+                                            names the job's checkpoint.dir (:func:`job_root`), so jobs
+                                            sharing a local_dir never touch each other's parts
         step-000000010.r00003/              world rank 3's part of checkpoint 10, committed
             manifest.json                   step, num_ps, num_workers, tables, files (CRC-32),
                                             "shards": the PS indices of its ps-*.h5 files,
@@ -25,9 +27,17 @@ from pathlib import Path
 
 from . import digest, store
 
-__all__ = ["part_dir", "part_tmp", "free_copy", "commit_part", "scan", "prune", "drop_after", "set_aside", "write_bytes", "sidecar", "ALGO"]
+__all__ = ["job_root", "part_dir", "part_tmp", "free_copy", "commit_part", "scan", "prune", "drop_after", "set_aside", "write_bytes", "sidecar", "ALGO"]
 
 _PART = re.compile(r"^step-(\d{9,})\.r(\d+)(-\d+)?$")
+
+
+def job_root(local_dir, ckpt_dir) -> Path:
+    """Where the job whose ``checkpoint.dir`` is ``ckpt_dir`` keeps its parts in ``local_dir``: a
+    directory named by that path (its last name and a hash of it resolved), the same on every host. Local."""
+    import hashlib
+    full = str(Path(ckpt_dir).resolve())
+    return Path(local_dir) / f"{Path(full).name or 'root'}-{hashlib.sha1(full.encode()).hexdigest()[:10]}"
 
 
 def part_dir(root, step: int, rank: int, copy: int = 0) -> Path:

@@ -91,6 +91,19 @@ def read_best(root) -> dict | None:
     return {**best, "path": path} if _NAME.match(path.name) and path.is_dir() else None
 
 
+def remove_tree(path: Path, ignore_errors: bool = False) -> None:
+    """Remove directory ``path`` and what it holds; a symbolic link or a file there is unlinked
+    (never followed). An ``OSError`` names the path. Local."""
+    try:
+        if path.is_symlink() or path.is_file():
+            path.unlink()
+        else:
+            shutil.rmtree(path)
+    except OSError as e:
+        if not ignore_errors:
+            raise OSError(e.errno, f"cannot remove {path}: {e.strerror or e}") from None
+
+
 def read_manifest(path) -> dict:
     """The manifest of checkpoint ``path``; ``ValueError`` when it is not a JSON object. Local."""
     with open(Path(path) / MANIFEST) as f:
@@ -125,6 +138,10 @@ def verify(path, only=None) -> tuple[bool, str]:
     for key, kind in (("step", int), ("num_ps", int), ("num_workers", int), ("tables", list)):
         if not isinstance(man.get(key), kind) or isinstance(man.get(key), bool):
             return False, f"{path.name}: the manifest's {key} is {man.get(key)!r}, not a {kind.__name__}"
+    named = _NAME.match(path.name)
+    if named and int(named.group(1)) != man["step"]:
+        return False, (f"{path.name}: the manifest says step {man['step']}, its directory step {int(named.group(1))} "
+                       f"(the manifest was edited?)")
     return True, "ok"
 
 
@@ -202,8 +219,9 @@ def resolve(spec: str, root) -> Path | None:
         found = newest_verified(root, report=failed.append)
         if found is None and failed:
             raise ValueError(f"no checkpoint in {root} verifies ({'; '.join(f.removeprefix('hpcps: skipping checkpoint ') for f in failed)}): "
-                             f"not starting over from step 0 over them; set checkpoint.resume=none to start a "
-                             f"fresh run (they are kept), or checkpoint.resume=PATH")
+                             f"not starting over from step 0 over them; start a fresh run in another "
+                             f"checkpoint.dir (with checkpoint.resume=none; these are kept), or set "
+                             f"checkpoint.resume=PATH")
         for why in failed:
             logger.warning(why)
         return found
@@ -306,5 +324,5 @@ def commit(root, step: int, manifest: dict, keep: int, file_mode: int = FILE_MOD
                 shutil.rmtree(gone, ignore_errors=True)
     for stale in [*Path(root).glob("step-*.tmp"), *Path(root).glob("step-*.del")]:
         if stale != tmp:
-            shutil.rmtree(stale, ignore_errors=True)
+            remove_tree(stale, ignore_errors=True)
     return final

@@ -55,6 +55,8 @@ def _coerce(key, value, default, source):
     where = f"config: {key} = {value!r} ({source})"
     if key == "job.epochs" and isinstance(value, str) and value.strip().lower() == "auto":
         return AUTO_EPOCHS
+    if key == "job.epochs" and _negative(value):        # -1 is how "auto" is kept, not a value to write
+        raise ValueError(f"{where}: must be >= 0 or \"auto\"")
     from_text = not source.startswith("file ")
     if isinstance(value, str) and kind is not str and from_text:
         text = value.strip()
@@ -72,15 +74,21 @@ def _coerce(key, value, default, source):
                 return float(text)
             if kind is list:
                 text = text.strip("[]")
-                return [_item(x) for x in text.replace(",", " ").split()] if text else []
+                items = [_item(x) for x in text.replace(",", " ").split()] if text else []
+                if key not in COLUMN_KEYS and not all(isinstance(x, int) for x in items):
+                    raise ValueError(f"{where}: expected a list of integers, e.g. [512, 256]")
+                return items
         except ValueError:
-            raise ValueError(f"{where}: expected {kind.__name__}") from None
+            need = "a list of integers, e.g. [512, 256]" if kind is list and key not in COLUMN_KEYS else kind.__name__
+            raise ValueError(f"{where}: expected {need}") from None
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if kind is list and isinstance(value, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in value):
         return list(value)
     if key in COLUMN_KEYS:
         return _columns(key, value, where)
+    if kind is list and isinstance(value, list):         # layer sizes and the like: integers
+        raise ValueError(f"{where}: expected a list of integers, e.g. [512, 256]")
     if kind is str and isinstance(value, bool):          # a switch written as a TOML boolean
         return "on" if value else "off"
     if type(value) is not kind:
@@ -110,6 +118,31 @@ def _set(cfg, key, value, source, keys):
     setattr(obj, last, _coerce(key, value, getattr(obj, last), source))
 
 
+def _negative(value) -> bool:
+    try:
+        return int(str(value).strip()) < 0
+    except ValueError:
+        return False
+
+
+LAUNCHER_ENV = ("HPCPS_JOB_NAME",)        # slurm/chain.sh's: a variable of a section's prefix, not a key
+
+
+def _check_environment(env, keys) -> None:
+    """An ``HPCPS_<SECTION>_...`` variable that names no key is an error with a suggestion, as an
+    unknown ``--set`` key is (the launchers' own ``HPCPS_`` variables name no section, but for
+    ``LAUNCHER_ENV``). Local."""
+    names = {"HPCPS_" + k.upper().replace(".", "_"): k for k in keys}
+    sections = {f"HPCPS_{k.split('.')[0].upper()}_" for k in keys}
+    for name in env:
+        if (name in names or name in ENV_ALIASES or name in LAUNCHER_ENV
+                or not any(name.startswith(s) for s in sections)):
+            continue
+        near = difflib.get_close_matches(name, list(names), n=1)
+        hint = f"; did you mean {near[0]!r} ({names[near[0]]})?" if near else ""
+        raise ValueError(f"config: environment {name} names no config key{hint}")
+
+
 def load_config(path=None, overrides=(), environ=None, base: dict | None = None) -> Config:
     """Merge defaults < ``base`` (a saved config's ``to_dict()``, e.g. a checkpoint's) < TOML file
     < environment < ``overrides`` ("key=value"), then validate. Local."""
@@ -126,9 +159,12 @@ def load_config(path=None, overrides=(), environ=None, base: dict | None = None)
             raise ValueError(f"config: cannot read {path}: {e.strerror}") from None
         except tomllib.TOMLDecodeError as e:
             raise ValueError(f"config: {path} is not valid TOML: {e}") from None
+        except UnicodeDecodeError as e:
+            raise ValueError(f"config: {path} is not UTF-8 text (byte {e.start}: {e.reason})") from None
         for key, value in _flatten(data):
             _set(cfg, key, value, f"file {path}", keys)
     env = os.environ if environ is None else environ
+    _check_environment(env, keys)
     for key in keys:
         name = "HPCPS_" + key.upper().replace(".", "_")
         if name in env:

@@ -138,9 +138,9 @@ class CheckpointConfig:
     dir: str = ""               # checkpoint directory ("" = no checkpoints)
     every_steps: int = 0        # 0: off
     every_seconds: float = 0.0  # 0: off
-    keep: int = 3               # committed checkpoints kept (0 = all)
+    keep: int = 3               # newest committed checkpoints kept (0 = all), the best one (keep_best) besides
     keep_best: str = ""         # "" | auc | logloss | rmse | mae: keep the best-evaluated checkpoint too
-    resume: str = "auto"        # auto (newest verified in dir) | none | PATH
+    resume: str = "auto"        # auto (newest verified in dir) | none (an empty dir) | PATH
     compression: str = ""       # "" | gzip | lzf
     full_every: int = 1         # a full checkpoint every K; the ones between hold only changed rows
     dir_mode: str = "0700"      # permissions of checkpoint directories (octal)
@@ -171,7 +171,7 @@ class PipelineConfig:
 @dataclass
 class MetricsConfig:
     path: str = ""              # JSONL file ("" = none)
-    progress: bool = True       # tqdm bar on worker 0
+    progress: bool = True       # worker 0: a tqdm bar on a terminal, a line every 5% in a batch log
 
 
 @dataclass

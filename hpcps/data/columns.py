@@ -46,6 +46,15 @@ class Layout:
         return [(self.names[c], self.rows) for c in self.categorical]
 
 
+# A Criteo copy that strips trailing empty fields still keeps the label, I1-I13 and C1 (never empty
+# in Criteo's logs): a line of fewer fields is cut short, a bad line
+PAD_MIN = 15
+
+
+def _pad_min(lay: Layout) -> int:
+    return PAD_MIN - (lay.label < 0)                      # lines to score may lack the label
+
+
 def criteo_layout(rows: int) -> Layout:
     """Criteo's ``label \\t I1..I13 \\t C1..C26``: 13 log-transformed integers, 26 hex
     categoricals. Local."""
@@ -178,7 +187,7 @@ def _number(x: str):
 def _check_line(fields: list, lay: Layout) -> str | None:
     """Why ``fields`` is not a sample of ``lay``, or None. Pads short Criteo lines in place."""
     if len(fields) != lay.ncols:
-        if not (lay.pad and 2 <= len(fields) < lay.ncols):
+        if not (lay.pad and _pad_min(lay) <= len(fields) < lay.ncols):
             return f"{len(fields)} fields, expected {lay.ncols} (split at {lay.delimiter!r})"
         fields += [""] * (lay.ncols - len(fields))
     if lay.label >= 0 and fields[lay.label].strip() not in ("0", "1", "0.0", "1.0"):
@@ -217,14 +226,14 @@ def _sort_out(block: bytes, where, lay: Layout):
 
 
 def _padded(block: bytes, lay: Layout) -> bytes | None:
-    """``block`` with its short lines (2 to ncols - 1 fields) given the missing empty fields, or None
-    where no line is short (or one has too many fields)."""
+    """``block`` with its short lines (``PAD_MIN`` to ncols - 1 fields) given the missing empty fields,
+    or None where no line is short (or one has too many or too few fields)."""
     a = np.frombuffer(block, np.uint8)
     ends = np.flatnonzero(a == 10)
     seps = np.flatnonzero(a == ord(lay.delimiter))
     fields = np.diff(np.searchsorted(seps, ends), prepend=0) + 1
-    short = (fields < lay.ncols) & (fields >= 2)
-    if not short.any() or (fields > lay.ncols).any():
+    short = fields < lay.ncols
+    if not short.any() or (fields > lay.ncols).any() or (fields < _pad_min(lay)).any():
         return None
     at = np.repeat(ends[short], lay.ncols - fields[short])
     return np.insert(a, at, np.uint8(ord(lay.delimiter))).tobytes()

@@ -102,6 +102,10 @@ class StreamData(DataSource):
     def resume(self, state: dict | None, step: int) -> None:
         """Continue from a checkpoint at ``step`` whose manifest recorded ``state``; a plan made for
         another number of workers is re-cut at ``step``. Local, alike on every rank."""
+        if state and "lines" in state and int(state["lines"]) != self.train.total:
+            raise ValueError(f"the checkpoint at step {step} read {int(state['lines'])} training lines; data.path now "
+                             f"holds {self.train.total}: the files changed since, so its place in them is lost (restore "
+                             f"the files, or train afresh in another checkpoint.dir)")
         epoch = step // self.steps_per_epoch
         if not state or int(state["epoch"]) != epoch or step % self.steps_per_epoch == 0:
             self._resumed = None
@@ -118,8 +122,9 @@ class StreamData(DataSource):
         self._resumed = plan
 
     def state(self, step: int) -> dict:
-        """What a checkpoint at ``step`` records of the reading: the plan of its epoch. Local."""
-        return self.plan(step // self.steps_per_epoch).to_dict()
+        """What a checkpoint at ``step`` records of the reading: the plan of its epoch and the
+        training lines it cuts (a restart on changed files is refused). Local."""
+        return {**self.plan(step // self.steps_per_epoch).to_dict(), "lines": self.train.total}
 
     # -- training batches ----------------------------------------------------------------------
     def _lines(self, epoch: int) -> Lines:

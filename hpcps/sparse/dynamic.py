@@ -23,11 +23,12 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+from ..core import wait as _wait
 from ..core.dynshard import EVICTIONS, DynamicShard, sum_rows
 from ..core.hashindex import owner_of
 from ..core.ids import initial_rows
 from ..core.optimizers import SGD, SparseOptimizer
-from ..errors import RoleError
+from ..errors import HpcpsError, RoleError
 from .dynamic_ckpt import DynamicCheckpointable
 from .dynamic_shm import ShardMemory
 from .table import TableStats
@@ -116,7 +117,7 @@ class DynamicEmbeddingTable(DynamicCheckpointable):
             self._out = np.empty((0, self.dim), np.float32)   # pull replies
             self._worker_of = {r: w for w, r in enumerate(ctx.worker_world_ranks)}
             self._ended = np.full(ctx.num_workers, -1, np.int64)    # async/ssp: each worker's last END
-            self._fins = 0
+            self._fins, self._finished = 0, set()
             ctx.add_service_hook(self._serve)
             ctx.control.before_apply.append(self._apply_step)
             self._ends = 0                                    # async/ssp: END messages taken
@@ -341,6 +342,8 @@ class DynamicEmbeddingTable(DynamicCheckpointable):
             self._ended[w] = max(self._ended[w], step)
             self._ends += kind == END
             self._fins += kind == FIN
+            if kind == FIN:
+                self._finished.add(w)
             return
         elif kind == STATS:
             s = self.shard.stats()
@@ -364,7 +367,17 @@ class DynamicEmbeddingTable(DynamicCheckpointable):
         apply their sum in worker order. Local (receives from the workers)."""
         step = self.ctx.control.step if step is None else step
         W = self.ctx.num_workers
-        self._take_until(lambda: len(self._staged.get(step, {})) >= W)
+        def ready() -> bool:
+            have = self._staged.get(step, {})
+            gone = sorted(w for w in self._finished if w not in have)
+            if gone:
+                raise HpcpsError(f"table {self.name!r}: worker {gone[0]} finished (finalize) without its push of "
+                                 f"step {step}: in sync mode each worker pushes every step it pulls")
+            return len(have) >= W
+        self._take_until(ready,
+                         lambda: f"table {self.name!r}: PS {self.ctx.ps_rank} waits for every worker's push of "
+                                 f"step {step} ({len(self._staged.get(step, {}))} of {W} in); in sync mode each "
+                                 f"worker pushes every step it pulls (a step ended without its push?)")
         got = self._staged.pop(step)
         seen = self._observed.pop(step, [])          # the step's uses, after a checkpoint cut at it
         known = None                                 # their rows: the push's found by a binary search
@@ -379,12 +392,19 @@ class DynamicEmbeddingTable(DynamicCheckpointable):
                                     np.concatenate([got[w][1] for w in range(W)]))   # the same bits every run
         self.shard.push(self.shard.place(uniq, step, known), summed, step)
 
-    def _take_until(self, done) -> None:
-        """PS: receive and handle the workers' messages, blocking, until ``done()``. Local."""
-        status = MPI.Status()
+    def _take_until(self, done, what=None) -> None:
+        """PS: receive and handle the workers' messages until ``done()``; a wait that sees no message
+        for ``job.progress_timeout`` raises ``StalledError`` saying ``what``. Local."""
+        status, misses, started = MPI.Status(), 0, time.monotonic()
+        what = what or (lambda: f"table {self.name!r}: PS {self.ctx.ps_rank} waits for the workers' messages")
         while not done():
-            self.comm.Probe(MPI.ANY_SOURCE, MPI.ANY_TAG, status)
-            self._handle(status)
+            if self.comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status):
+                self._handle(status)
+                misses, started = 0, time.monotonic()
+                continue
+            misses += 1
+            _wait.overdue(started, misses, what)
+            _wait.backoff(misses)
 
     def _observe(self, ids: np.ndarray, step: int, distinct: bool) -> None:
         """PS: count a pull's uses and sightings; in sync mode at the step's apply (a checkpoint cut

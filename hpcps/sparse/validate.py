@@ -6,7 +6,7 @@ call that fails here has not touched the table.
 
 import numpy as np
 
-__all__ = ["as_ids", "as_id_rows", "as_grads"]
+__all__ = ["as_ids", "as_id_rows", "as_grads", "grads_ok", "GRAD_LIMIT"]
 
 
 def _to_numpy(x):
@@ -56,6 +56,16 @@ def _out_of_range(table: str, lo, hi, num_rows: int) -> None:
     raise ValueError(f"table {table!r}: id {int(bad)} out of range [0, {num_rows})")
 
 
+GRAD_LIMIT = 1e19           # ~sqrt(float32's largest): a larger gradient's square is inf
+
+
+def grads_ok(arr: np.ndarray) -> bool:
+    """Whether float32 ``arr``'s sum of squares is finite: every value finite and none beyond
+    :data:`GRAD_LIMIT` (false also for some large sums: :func:`as_grads` then looks closer). Local."""
+    flat = arr.reshape(-1)
+    return not flat.size or bool(np.isfinite(np.dot(flat, flat)))
+
+
 def as_grads(table: str, grads, n: int, dim: int) -> np.ndarray:
     """Checked gradients as a C-contiguous float32 ``(n, dim)`` array. Local."""
     arr = _to_numpy(grads)
@@ -64,11 +74,19 @@ def as_grads(table: str, grads, n: int, dim: int) -> np.ndarray:
     if arr.shape != (n, dim):
         raise ValueError(
             f"table {table!r}: grads must have shape ({n}, {dim}) for {n} ids, got {arr.shape}")
-    if arr.size and not np.isfinite(arr.sum(dtype=np.float64)):
-        # One sum is cheap; find the offending row only on the rare bad path.
+    if not grads_ok(arr):
+        # One dot product is cheap (it is inf where a square overflows); find the offending row only
+        # on the rare bad path: an optimizer's state (Adagrad's and Adam's squares) holds g * g in
+        # float32, so a gradient beyond GRAD_LIMIT would make it inf and freeze the row for good
         bad_rows = np.flatnonzero(~np.isfinite(arr).all(axis=1))
         if bad_rows.size:
             raise ValueError(
                 f"table {table!r}: grads hold NaN or Inf in {bad_rows.size} row(s), "
-                f"first at position {int(bad_rows[0])}")
+                f"first at position {int(bad_rows[0])} (a diverging model? lower the learning rate)")
+        huge = np.flatnonzero((np.abs(arr) > GRAD_LIMIT).any(axis=1))
+        if huge.size:
+            raise ValueError(
+                f"table {table!r}: grads of magnitude {float(np.abs(arr).max()):.3g} in {huge.size} row(s), first at "
+                f"position {int(huge[0])}: above {GRAD_LIMIT:.0e}, whose square overflows float32 (a diverging "
+                f"model? lower the learning rate)")
     return np.ascontiguousarray(arr)

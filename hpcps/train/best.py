@@ -42,7 +42,7 @@ class Evaluations:
         self.comm, self.lead, self.ckpt = comm, lead, ckpt
         state = (manifest or {}).get("evaluations", {})
         self.best, self.since, self.count = state.get("best"), state.get("since", 0), state.get("count", 0)
-        self.stopped_early = False
+        self.stopped_early = bool(state.get("stopped_early"))   # resumed from an early stop: still stopped
         self.last_step = None          # the step of this run's last evaluation
 
     def _better(self, value: float) -> bool:
@@ -60,7 +60,7 @@ class Evaluations:
         self.last_step = step
         verdict = None
         if self.lead:
-            value = float(results[self.metric])
+            value = float(results.get(self.metric, np.nan))     # nan: no eval samples, never the best
             improved = self._better(value)
             if improved:
                 self.best, self.since = {"step": step, "value": value, "results": results}, 0
@@ -69,7 +69,7 @@ class Evaluations:
             self.count += 1
             stop = bool(self.patience) and self.since >= self.patience and not final
             if stop:
-                logger.warning("hpcps: early stop after step %d: %d evaluations without a better %s than %.5g "
+                logger.info("hpcps: early stop after step %d: %d evaluations without a better %s than %.5g "
                                "(step %d)", step, self.since, self.metric, self.best["value"], self.best["step"])
             verdict = (improved, stop, self.best, self.since, self.count)
         improved, stop, self.best, self.since, self.count = self.comm.bcast(verdict, root=0)

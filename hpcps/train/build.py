@@ -19,7 +19,7 @@ from ..sparse import EmbeddingTable
 from ..sparse.dynamic import DynamicEmbeddingTable
 from .best import default_metric
 
-__all__ = ["check_model_kind", "total_steps", "table_specs", "table_parts", "tables_by_part", "dynamic_capacity", "fused_tables", "FUSED_TABLE", "dense_optimizer", "dense_schedule",
+__all__ = ["check_model_kind", "check_table_memory", "total_steps", "table_specs", "table_parts", "tables_by_part", "dynamic_capacity", "fused_tables", "FUSED_TABLE", "dense_optimizer", "dense_schedule",
            "build_model", "make_lookups", "make_tables", "pipeline_switches", "resolve_local_full_every",
            "resolve_auto_epochs"]
 
@@ -235,12 +235,54 @@ def _column_rows(cfg: Config) -> int:
     return cfg.data.rows_per_table if cfg.data.format == "synthetic-ctr" else cfg.data.hash_rows
 
 
+def _mem_available() -> int | None:
+    """This node's available memory in bytes (``/proc/meminfo``), or None where unknown. Local."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**40:.1f} TiB" if n >= 2**40 else f"{n / 2**30:.1f} GiB"
+
+
+def check_table_memory(cfg: Config, ctx, data, steps: int) -> None:
+    """What the tables take on each PS rank (rows, optimizer state, the staging copy of a PS that
+    applies) times this node's PS ranks, against the memory the node has available: a
+    ``ValueError`` saying both, before anything is allocated. Local (alike on a node's ranks)."""
+    avail = _mem_available()
+    ps_here = len(set(ctx.node_ranks) & set(ctx.ps_world_ranks))
+    if avail is None or not ps_here:
+        return
+    if cfg.model.dynamic_tables:
+        tables = [(dynamic_capacity(cfg, data), cfg.model.dim, part_optimizer(cfg, "deep", steps))]
+    else:
+        tables = [(rows, dim, part_optimizer(cfg, part, steps)) for part, specs in table_parts(cfg, data)
+                  for _, rows, dim, _, _ in specs]
+    per_ps = 0
+    for rows, dim, opt in tables:
+        r = -(-rows // ctx.num_ps)
+        state = sum(int(np.prod(shape)) for shape in opt.state_shapes(r, dim).values())
+        per_ps += 4 * (r * dim * (2 if opt.stateful else 1) + state)
+    if per_ps * ps_here > avail:
+        raise ValueError(f"config: the tables need {_gib(per_ps * ps_here)} of memory on this host ({ps_here} PS "
+                         f"rank(s) x {_gib(per_ps)}: rows, optimizer state, staging) and it has {_gib(avail)} available: "
+                         f"add PS ranks on more nodes (job.num_ps), or lower model.dim or the table rows "
+                         f"(data.hash_rows)")
+
+
 def make_tables(cfg: Config, ctx, data, steps: int, pipe: dict) -> list:
     """The job's embedding tables: one table-batched table (a segment per feature table: a step's
     pulls, pushes and optimizer apply take one pass instead of one per table; each row starts as
     before) where :func:`fused_tables` says so, else one per feature table; with
     ``model.dynamic_tables`` one :class:`DynamicEmbeddingTable` for every feature column (the
     data's keys are salted per column). Collective over the world."""
+    check_table_memory(cfg, ctx, data, steps)
     if cfg.model.dynamic_tables:
         m = cfg.model
         capacity = dynamic_capacity(cfg, data)

@@ -55,6 +55,8 @@ def evaluate(model, data, comm: MPI.Comm, device=torch.device("cpu")) -> dict:
     s = np.concatenate([p[0] for p in parts])
     y = np.concatenate([p[1] for p in parts])
     t = np.concatenate([p[2] for p in parts])
+    if not y.size:                                  # nothing held out (data.eval_fraction = 0, no eval_path)
+        return {"eval_samples": 0}
     if data.task == "ctr":
         p = 1 / (1 + np.exp(-s))
         res = {"auc": auc(y, s), "logloss": logloss(y, p), "eval_samples": int(y.size)}

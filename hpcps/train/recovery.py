@@ -18,7 +18,7 @@ from ..config import Config, parse_permissions
 from ..core.wait import quiet_barrier, wait_request
 from ..errors import HpcpsError
 
-__all__ = ["open_checkpointer", "find_resume", "check_same_data", "pick_level", "load_level", "CheckpointTrigger", "record_start"]
+__all__ = ["open_checkpointer", "find_resume", "check_same_data", "check_same_dense_optimizer", "pick_level", "load_level", "CheckpointTrigger", "record_start"]
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +54,7 @@ def open_checkpointer(cfg: Config, ctx, tables, layout=None, ids=None):
             try:
                 Path(c.local_dir).mkdir(mode=dir_mode, parents=True, exist_ok=True)
                 _check_writable(Path(c.local_dir), "checkpoint.local_dir")
+                local_root(c).mkdir(mode=dir_mode, exist_ok=True)
             except OSError as e:
                 local_failed = f"{e} (host {ctx.rank})"
         local_failed = [f for f in ctx.world.allgather(local_failed) if f]
@@ -66,11 +67,16 @@ def open_checkpointer(cfg: Config, ctx, tables, layout=None, ids=None):
         about["ratings_ids"] = ids
     ckpt = ckpt_mod.Checkpointer(ctx, tables, c.dir, c.keep, c.compression, about,
                                  full_every=c.full_every, dir_mode=dir_mode, file_mode=file_mode,
-                                 local_dir=c.local_dir, local_keep=c.local_keep,
+                                 local_dir=local_root(c) if c.local_dir else "", local_keep=c.local_keep,
                                  local_full_every=c.local_full_every if c.local_every else 1)
     ckpt.lock = lock
     ctx.add_resource(ckpt)
     return ckpt
+
+
+def local_root(c) -> Path:
+    """This job's node-local directory: its own in ``checkpoint.local_dir`` (``local.job_root``). Local."""
+    return ckpt_mod.local.job_root(c.local_dir, c.dir)
 
 
 def _check_writable(root: Path, key: str = "checkpoint.dir") -> None:
@@ -89,12 +95,12 @@ def find_resume(cfg: Config, world: MPI.Comm):
     """The checkpoint to resume from (``checkpoint.resume``), or None; rank 0 looks, every rank
     gets its answer or its ``ValueError``. Collective over ``world``."""
     c = cfg.checkpoint
-    if c.resume == "none" or (not c.dir and c.resume == "auto"):
+    if not c.dir and c.resume in ("none", "auto"):
         return None
     found = None
     if world.Get_rank() == 0:
         try:
-            found = ckpt_mod.resolve(c.resume, c.dir)
+            found = _earlier_run(c) if c.resume == "none" else ckpt_mod.resolve(c.resume, c.dir)
         except ValueError as e:
             found = e
     quiet_barrier(world)              # the others sleep while rank 0 verifies
@@ -102,6 +108,17 @@ def find_resume(cfg: Config, world: MPI.Comm):
     if isinstance(found, ValueError):
         raise found
     return found
+
+
+def _earlier_run(c) -> None:
+    """``checkpoint.resume = "none"``: a ``ValueError`` where ``checkpoint.dir`` holds an earlier
+    run's checkpoints (this run's would mix with them: a restart resumes the newest step, pruning
+    keeps the newest steps of either run). Local."""
+    found = ckpt_mod.list_checkpoints(c.dir) if Path(c.dir).is_dir() else []
+    if found:
+        raise ValueError(f"checkpoint.resume = none, but checkpoint.dir {c.dir} holds {len(found)} checkpoint(s) of an "
+                         f"earlier run (newest {found[-1].name}): this run's would mix with them (a restart resumes "
+                         f"the newest step); use an empty checkpoint.dir, or move those away")
 
 
 def pick_level(cfg: Config, ctx, tables):
@@ -113,7 +130,7 @@ def pick_level(cfg: Config, ctx, tables):
     c, world = cfg.checkpoint, ctx.world
     found = None
     if c.local_dir and c.resume == "auto":
-        found = ckpt_mod.find_local(ctx, c.local_dir, c.dir, ckpt_mod.sharding_names(tables), c.local_keep,
+        found = ckpt_mod.find_local(ctx, local_root(c), c.dir, ckpt_mod.sharding_names(tables), c.local_keep,
                                     parse_permissions(c.file_mode, "checkpoint.file_mode"))
     if found is None:
         pfs = find_resume(cfg, world)
@@ -163,8 +180,18 @@ def check_same_data(cfg: Config, manifest: dict, path) -> None:
     for key in SAME_DATA:
         if _data_key(saved, key) != _data_key(now, key):
             raise ValueError(f"checkpoint.resume = auto: {path} was trained with data.{key} = {saved.get(key)!r}, "
-                             f"this run has {now.get(key)!r}: use another checkpoint.dir (or checkpoint.resume = "
-                             f"none) to train afresh, or checkpoint.resume = {path} to go on from it anyway")
+                             f"this run has {now.get(key)!r}: use another checkpoint.dir to train afresh, or "
+                             f"checkpoint.resume = {path} to go on from it anyway")
+
+
+def check_same_dense_optimizer(cfg: Config, manifest: dict, path) -> None:
+    """A checkpoint's dense optimizer state fits only the optimizer that wrote it: another
+    ``optimizer.dense.name`` is a ``ValueError`` naming both, before any row is loaded. Local."""
+    saved = manifest.get("config", {}).get("optimizer", {}).get("dense", {}).get("name")
+    if saved is not None and saved != cfg.optimizer.dense.name:
+        raise ValueError(f"{path} was trained with optimizer.dense.name = {saved!r}, this run has "
+                         f"{cfg.optimizer.dense.name!r}: its dense optimizer state fits only {saved!r} (set it back, "
+                         f"or train afresh with checkpoint.resume = none and another checkpoint.dir)")
 
 
 def load_level(cfg: Config, ctx, tables) -> tuple:
@@ -181,8 +208,10 @@ def load_level(cfg: Config, ctx, tables) -> tuple:
                              "checkpoint.resume = none")
         if path is None:
             return None, None, 0
+        manifest = ckpt_mod.read_manifest(path)
         if cfg.checkpoint.resume == "auto":
-            check_same_data(cfg, ckpt_mod.read_manifest(path), path)     # alike on every rank
+            check_same_data(cfg, manifest, path)     # alike on every rank
+        check_same_dense_optimizer(cfg, manifest, path)
         bad = None
         try:
             start = ckpt_mod.restore_tables(path, ctx, tables, own)
@@ -204,7 +233,7 @@ def _drop_local_after(cfg: Config, ctx, step: int) -> None:
     c = cfg.checkpoint
     if c.local_dir:
         if ctx.node_comm.Get_rank() == 0:
-            ckpt_mod.local.drop_after(c.local_dir, step, str(Path(c.dir).resolve()))
+            ckpt_mod.local.drop_after(local_root(c), step, str(Path(c.dir).resolve()))
         ctx.node_comm.Barrier()
 
 
@@ -217,10 +246,16 @@ def _record_stop(root: Path, step: int) -> None:
 
 
 def record_start(cfg: Config, world: MPI.Comm) -> None:
-    """World rank 0, once every rank is up: ``<checkpoint.dir>/STARTED`` (time, Slurm job), which
-    ``slurm/train.sbatch`` waits for to tell a launch stuck in ``MPI_Init`` from a slow one. Local."""
-    if cfg.checkpoint.dir and world.Get_rank() == 0:
-        text = json.dumps({"time": time.time(), "slurm_job": os.environ.get("SLURM_JOB_ID"), "ranks": world.Get_size()})
+    """Once every rank is up: ``<checkpoint.dir>/STARTED`` (time, Slurm job, every rank's host and
+    process id, by world rank), which ``slurm/train.sbatch`` waits for to tell a launch stuck in
+    ``MPI_Init`` from a slow one, and with which a user signals this job's processes alone.
+    Collective over ``world`` (with a checkpoint directory)."""
+    if not cfg.checkpoint.dir:
+        return
+    where = world.gather((MPI.Get_processor_name(), os.getpid()), root=0)
+    if world.Get_rank() == 0:
+        text = json.dumps({"time": time.time(), "slurm_job": os.environ.get("SLURM_JOB_ID"), "ranks": world.Get_size(),
+                           "hosts": [h for h, _ in where], "pids": [p for _, p in where]})
         ckpt_mod.store.write_new(Path(cfg.checkpoint.dir) / "STARTED", text + "\n")
 
 
@@ -305,9 +340,20 @@ class CheckpointTrigger:
             ckpt.wait_commit()
             if self.lead:
                 _record_stop(Path(c.dir), step + 1)
+                self._consume_stop_file(step + 1)
         else:                      # after the save: a checkpoint just taken resets the clock
             self._flag(self.lead and c.every_seconds > 0 and time.time() - self.last_time >= c.every_seconds)
         return self.stopped
+
+    def _consume_stop_file(self, step: int) -> None:
+        """Worker 0, after a stop's checkpoint committed: say why the job ends, and remove the STOP
+        file it stopped on (left there, it would stop the next run after its first step). Local."""
+        stop_file = self.stop.stop_file
+        why = f"the file {stop_file}" if stop_file is not None and stop_file.exists() else "a signal"
+        if stop_file is not None:
+            stop_file.unlink(missing_ok=True)
+        logger.warning("hpcps: stop requested (%s): checkpoint of step %d committed in %s; exiting with code 85 "
+                       "(a restart resumes from it)", why, step, self.c.dir)
 
     def _local_now(self, step: int, flags, taken: bool) -> bool:
         """Whether the node-local checkpoint is taken after ``step``: it falls due every
