@@ -2,9 +2,10 @@
 
     scripts/run mpiexec -n 3 .venv/bin/python -m mpi4py examples/sparse_basics.py
 
-Three ranks: one parameter server, two workers. Each worker pulls a batch of
-rows, pretends to compute gradients, pushes them back (to two tables in one
-``push_many``), and then reads the rows its colleague updated.
+Any number of ranks from 2: one parameter server, the others workers (three ranks:
+two workers). Each worker pulls a batch of rows, pretends to compute gradients,
+pushes them back (to two tables in one ``push_many``), and then reads the rows
+its colleagues updated.
 """
 
 import numpy as np
@@ -21,14 +22,14 @@ with hpcps.init(num_ps=1) as ctx:                       # collective over MPI.CO
     if ctx.is_ps:
         ctx.serve()                                     # until every worker has finalized
     else:
-        ids = np.array([7, 42, 42, 99_998]) + ctx.worker_rank   # duplicates are fine
+        ids = (np.array([7, 42, 42, 99_998]) + ctx.worker_rank) % items.num_rows   # duplicates are fine
         rows = items.pull(ids)                          # (4, 16) float32
         grads = np.ones_like(rows)                      # your model's gradients here
         items.push(ids, grads)                          # SGD: rows -= 0.1 * summed grads
         me = [ctx.worker_rank]                          # several tables at once: one lock per PS
         hpcps.push_many([(items, [500], np.ones((1, 16), np.float32)),
                          (users, me, np.ones((1, 8), np.float32))])
-        ctx.worker_comm.Barrier()                       # both workers' pushes are done
+        ctx.worker_comm.Barrier()                       # every worker's pushes are done
         handle = items.pull_async([7, 8])               # overlap with other work ...
         after = handle.wait()
         start = hpcps.initial_rows(0, "items", [7, 8], 16)

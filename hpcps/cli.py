@@ -18,18 +18,24 @@ BENCHES = ("e2e", "sparse_grid", "scaling", "checkpoint", "dtype", "hosts", "dat
 
 
 def _setup_logging(level: str) -> None:
+    """hpcps's own messages from ``level`` (default info: the routine ones, such as the layout and
+    what a restart resumed from, as INFO; what needs a look as WARNING); other libraries' from
+    WARNING. Local."""
     from mpi4py import MPI
     rank = MPI.COMM_WORLD.Get_rank()
-    logging.basicConfig(level=level.upper(),
+    logging.basicConfig(level=logging.WARNING,
                         format=f"[rank {rank}] %(asctime)s %(name)s %(levelname)s: %(message)s")
+    logging.getLogger("hpcps").setLevel(level.upper())
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hpcps", description=(
         "Parameter server for sparse embedding tables over one-sided MPI RMA. "
-        "Run under an MPI launcher, e.g. `mpiexec -n 4 python -m hpcps train --config examples/ctr.toml`."))
+        "Run under an MPI launcher, e.g. `mpiexec -n 4 python -m mpi4py -m hpcps train --config examples/ctr.toml` "
+        "(-m mpi4py: an uncaught exception on one rank ends the whole job)."))
     p.add_argument("--version", action="version", version=f"hpcps {__version__}")
-    p.add_argument("--log-level", default="warning", help="logging level (default: warning)")
+    p.add_argument("--log-level", default="info",
+                   help="hpcps's logging level: info (default: routine messages too), warning, error, debug")
     sub = p.add_subparsers(dest="command", required=True)
     d = sub.add_parser("demo", help="pull and push random rows against the PS ranks and verify every update",
                        description=("Workers pull and push random embedding rows against the PS ranks "
@@ -46,7 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--zipf", type=float, default=1.2,
                    help="Zipf exponent of the ids (> 1), or 0 for uniform ids (default 1.2)")
     d.add_argument("--seed", type=int, default=0)
-    t = sub.add_parser("train", help="train a model (synthetic CTR, Criteo or ratings) on the PS ranks and workers",
+    t = sub.add_parser("train", help="train a model (synthetic CTR, Criteo, CSV or ratings) on the PS ranks and workers",
                        description=("Train the model a TOML config describes. Settings merge as file < "
                                     "HPCPS_* environment < --set. Rank 0 prints one JSON line "
                                     "{\"final\": {...}} with the eval metrics and throughput."),

@@ -64,6 +64,12 @@ def test_a_launch_larger_than_the_world_fails_loudly(env):
         check_launch(1, env)
 
 
+def test_a_world_size_set_by_key_is_named_so():
+    from hpcps.core.layout import check_launch
+    with pytest.raises(ValueError, match="^job.world_size=5 but the MPI world has 4 ranks"):
+        check_launch(4, {}, 5)
+
+
 def test_launch_checks_pass_for_a_whole_world():
     from hpcps.core.layout import check_launch
     check_launch(4, {"SLURM_STEP_NUM_TASKS": "4", "PMI_SIZE": "4", "HPCPS_WORLD_SIZE": "4"})

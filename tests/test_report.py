@@ -74,3 +74,21 @@ def test_report_errors_name_the_problem(tmp_path):
     r = subprocess.run([sys.executable, "-m", "hpcps", "report", str(bad), "--out", str(tmp_path / "r")],
                        capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert r.returncode == 2 and "bad.jsonl:2" in r.stderr
+
+
+def test_progress_in_a_batch_log_is_a_plain_line_every_5_percent():
+    """Not a terminal (a batch job's log): plain lines, the first at 5% (a short run showed 0% and
+    then the end), none redrawn with carriage returns."""
+    import io
+    from hpcps.train.telemetry import LineProgress
+    out = io.StringIO()
+    bar = LineProgress(100, 0, out=out)
+    for k in range(100):
+        bar.update(1)
+        if k == 50:
+            bar.set_postfix({"loss": "0.5"})
+    bar.close()
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 20 and "\r" not in out.getvalue()
+    assert lines[0].startswith("train: step 5/100 (5%)") and lines[-1].startswith("train: step 100/100 (100%)")
+    assert lines[-1].endswith(", loss 0.5")

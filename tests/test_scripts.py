@@ -9,10 +9,11 @@ from mpirun import ROOT, run_mpi
 
 
 def test_example_sparse_basics():
-    r = run_mpi(3, [ROOT / "examples" / "sparse_basics.py"])
-    assert r.stdout.count("row 7 moved by -0.100, row 8 by -0.100") == 2
-    assert r.stdout.count("users 0 and 1 moved by -0.100, -0.100; items 500 by -0.200") == 2   # push_many
-    assert r.stdout.count("rejected as expected: table 'items': id 100000 out of range") == 2
+    """Under the README's -n 4 (3 workers: the third's ids wrap around the table)."""
+    r = run_mpi(4, [ROOT / "examples" / "sparse_basics.py"])
+    assert r.stdout.count("row 7 moved by -0.100, row 8 by -0.100") == 3
+    assert r.stdout.count("users 0 and 1 moved by -0.100, -0.100; items 500 by -0.300") == 3   # push_many
+    assert r.stdout.count("rejected as expected: table 'items': id 100000 out of range") == 3
 
 
 def test_bench_sparse_smoke(tmp_path):

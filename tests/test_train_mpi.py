@@ -271,6 +271,10 @@ def test_train_criteo_sample_as_shipped_stops_when_auc_stops_improving(tmp_path)
     assert 0.4 < final["auc"] <= 1.0 and final["logloss"] < 1.0
     assert final["early_stopped"] and final["steps"] % 13 == 0 and 26 <= final["steps"] < 20 * 13
     assert final["evaluations"] == final["steps"] // 13 and final["best"]["step"] == final["steps"] - 13
+    again = _final(_train(3, ["metrics.progress=false", "metrics.path=", f"data.path={CRITEO}",
+                              f"checkpoint.dir={tmp_path / 'ck'}", f"job.export={tmp_path / 'again.npz'}"],
+                        config=ROOT / "examples" / "criteo.toml").stdout)
+    assert again["early_stopped"] and again["steps"] == again["start_step"] == final["steps"]   # a rerun trains no more
 
 
 def test_streamed_global_batches_do_not_depend_on_the_workers(tmp_path):

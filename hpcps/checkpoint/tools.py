@@ -7,7 +7,7 @@ import h5py
 import numpy as np
 
 from ..core.sharding import logical_tables
-from . import store
+from . import local, store
 from .dynamic import replay
 from .shards import read_dense, shard_file
 
@@ -49,11 +49,13 @@ def ls(root, local_dir=None) -> int:
             local_dir = store.read_manifest(rows[-1]).get("config", {}).get("checkpoint", {}).get("local_dir") or None
         except (OSError, ValueError):
             local_dir = None
+    if local_dir is not None:
+        local_dir = local.job_root(local_dir, root)          # this job's own parts there
     if not rows:
         print(f"no checkpoints in {root}")
         return 0 if local_dir and _ls_local(root, local_dir) else 1
-    print(f"filesystem level ({root}):")
     latest = (Path(root) / "latest").read_text().strip() if (Path(root) / "latest").exists() else ""
+    print(f"filesystem level ({root}; * the newest committed, `latest`; a restart takes the newest that verifies):")
     best = store.read_best(root)
     for p in rows:
         ok, why = store.verify_chain(p)
@@ -67,7 +69,7 @@ def ls(root, local_dir=None) -> int:
         mark = "*" if p.name == latest else " "
         if best is not None and p.name == best["checkpoint"]:
             desc += f"  best {best['metric']} {best['value']:.5g}"
-        print(f"{mark} {p.name}  {desc}  {'verified' if ok else 'BROKEN: ' + why}")
+        print(f"{mark} {p.name}  {desc}  {'verified' if ok else 'BROKEN (a restart skips it): ' + why}")
     if local_dir:
         _ls_local(root, local_dir)
     return 0
@@ -76,7 +78,6 @@ def ls(root, local_dir=None) -> int:
 def _ls_local(root, local_dir) -> int:
     """Print this host's node-local parts of the job of checkpoint directory ``root``, a line per
     step; returns how many steps. Local."""
-    from . import local
     job = str(Path(root).resolve())
     parts = [p for p in local.scan(local_dir) if p["manifest"].get("checkpoint_dir") in (job, None)]
     steps = sorted({p["step"] for p in parts})
@@ -136,7 +137,7 @@ def verify_cmd(path, deep: bool = False, max_abs: float = 1e6) -> int:
         if ok and deep:
             found = _deep(t, max_abs)
             ok, why = not found, f"{t.name}: values: {found}"
-        print(f"{t.name}: {'ok' if ok else why}")
+        print(f"{t.name}: ok" if ok else why)                 # why names the checkpoint
         bad += not ok
     return 1 if bad else 0
 

@@ -45,10 +45,11 @@ def check_launch(world_size: int, environ, want=None) -> None:
     as rank 0 of its own world and would train a separate copy of the job. ``want`` (config key
     ``job.world_size``; default ``HPCPS_WORLD_SIZE`` in ``environ``), when set, must equal the
     world size exactly. Local, pure (``environ``: a mapping)."""
+    name = "job.world_size" if want else "HPCPS_WORLD_SIZE"
     want = str(want if want else environ.get("HPCPS_WORLD_SIZE", "")).strip()
     if want:
         if not want.isdigit() or int(want) != world_size:
-            raise ValueError(f"HPCPS_WORLD_SIZE={want} but the MPI world has {world_size} "
+            raise ValueError(f"{name}={want} but the MPI world has {world_size} "
                              f"rank{'s' if world_size != 1 else ''}")
     for var in LAUNCHER_SIZE_VARS:
         value = environ.get(var, "").strip()

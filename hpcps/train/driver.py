@@ -37,8 +37,8 @@ def train(cfg: Config) -> dict | None:
     """Run the job a config describes. Collective over ``MPI.COMM_WORLD``.
 
     Returns the final summary on every rank (``hpcps train`` prints it on rank 0);
-    ``summary["stopped"]`` is True when a stop request ended the job, ``summary["saved"]`` when
-    it took a checkpoint first.
+    ``summary["stopped"]`` is True when a stop request ended the job; then ``summary["saved"]``
+    says whether it took a checkpoint first (absent after a run that was not stopped).
     """
     world = MPI.COMM_WORLD
     summary = None
@@ -76,14 +76,14 @@ def train(cfg: Config) -> dict | None:
             if ckpt is not None:
                 ckpt.resumed_step = start
             if world.Get_rank() == 0:
-                logger.warning("hpcps: resuming from %s (step %d), the %s level", resume_from, start,
+                logger.info("hpcps: resuming from %s (step %d), the %s level", resume_from, start,
                                "node-local" if level == "local" else "filesystem")
             manifest = ckpt_mod.read_manifest(resume_from)
             if hasattr(data, "resume"):                # a streamed epoch goes on where it stopped
                 data.resume(manifest.get("data_plan"), start)
             if stopped_early(manifest):   # that run is over: evaluate only
                 if world.Get_rank() == 0:
-                    logger.warning("hpcps: that run stopped early at step %d (job.early_stop_patience): "
+                    logger.info("hpcps: that run stopped early at step %d (job.early_stop_patience): "
                                    "nothing left to train", start)
                 steps = start                          # the summary's steps: where it stopped
         ctx.control.set_start(start)                   # a barrier: every PS has its rows
@@ -98,7 +98,7 @@ def train(cfg: Config) -> dict | None:
                 worker = Worker(cfg, ctx, data, tables, steps, start, resume_from, ckpt, stop, pipe, loader)
                 if layout is not None:
                     layout["dense"] = backend_name(worker.dense)
-                    logger.warning("hpcps: layout: %s", layout_line(layout))
+                    logger.info("hpcps: layout: %s", layout_line(layout))
                 summary, log = worker.run()
             if summary is not None:
                 summary["restore_s"] = restore_s

@@ -1,11 +1,12 @@
 """What a worker measures while it trains: per-phase time, staleness, pipeline counters, memory,
 the metrics records every ``job.log_every`` steps and the final summary's pipeline part."""
 
+import sys
 import time
 
 from mpi4py import MPI
 
-__all__ = ["Telemetry", "pipeline_summary", "peak_rss", "thread_level_name", "PHASES"]
+__all__ = ["Telemetry", "LineProgress", "progress_bar", "pipeline_summary", "peak_rss", "thread_level_name", "PHASES"]
 
 # per-step time of worker 0 by phase (seconds since the last record): idle = waiting in step_begin
 # for the mode's fence; pull / push = this thread waiting for its pulls / pushes (with the pipeline
@@ -58,6 +59,48 @@ def pipeline_summary(pl, pipe, comm_thread, embs, totals, loader) -> dict:
     # pushes to another node too large for this worker's mailbox slot there (sent the locked way)
     out["push_mailbox_full"] = sum(e.table.traffic.inbox_full for e in embs)
     return out
+
+
+class LineProgress:
+    """The progress bar of a batch job's log (stderr not a terminal): one plain line every 5% of the
+    steps or every ``every_s`` seconds, whichever comes first, and at the end (a redrawn bar in a
+    file is one long line of carriage returns, and a run shorter than its redraw interval showed
+    0% and then the end). The interface of tqdm's bar that the worker uses. Local."""
+
+    def __init__(self, total: int, initial: int, every_s: float = 600.0, out=None):
+        self.total, self.n, self.every_s = total, initial, every_s
+        self.out = out if out is not None else sys.stderr
+        self.step_every = max(1, (total - initial) // 20)
+        self.t0 = self.last_t = time.monotonic()
+        self.last_n, self.first, self.post = initial, initial, {}
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        if self.n - self.last_n >= self.step_every or time.monotonic() - self.last_t >= self.every_s:
+            self._line()
+
+    def set_postfix(self, post: dict, refresh: bool = False) -> None:
+        self.post = dict(post)
+
+    def _line(self) -> None:
+        now = time.monotonic()
+        rate = (self.n - self.first) / max(now - self.t0, 1e-9)
+        extra = "".join(f", {k} {v}" for k, v in self.post.items())
+        print(f"train: step {self.n}/{self.total} ({100 * self.n / max(self.total, 1):.0f}%), {rate:.1f} steps/s{extra}",
+              file=self.out, flush=True)
+        self.last_n, self.last_t = self.n, now
+
+    def close(self) -> None:
+        if self.n != self.last_n:
+            self._line()
+
+
+def progress_bar(total: int, initial: int):
+    """A tqdm bar on a terminal, else :class:`LineProgress` (a batch job's log). Local."""
+    if not sys.stderr.isatty():
+        return LineProgress(total, initial)
+    from tqdm import tqdm
+    return tqdm(total=total, initial=initial, desc="train", unit="step", dynamic_ncols=True, mininterval=0.1)
 
 
 def peak_rss() -> int:

@@ -15,9 +15,10 @@ scaled by ``1/W``), so in ``sync`` mode training equals one process training
 on the whole global batch.
 """
 
+import contextlib
 import functools
 import logging
-import sys
+import math
 import time
 
 import torch
@@ -38,7 +39,7 @@ from .best import Evaluations
 from .build import build_model, dense_optimizer, dense_schedule, make_lookups
 from .evaluation import evaluate, export_weights, step_loss
 from .recovery import CheckpointTrigger
-from .telemetry import Telemetry, pipeline_summary, thread_level_name, waits
+from .telemetry import Telemetry, pipeline_summary, progress_bar, thread_level_name, waits
 
 __all__ = ["Worker"]
 
@@ -105,11 +106,7 @@ class Worker:
         self.log = MetricsLog(cfg.metrics.path if self.lead else "")
         self.bar = None
         if self.lead and cfg.metrics.progress:
-            from tqdm import tqdm
-            # in a batch job's log (not a terminal) a redraw every 30 s, not 10 a second
-            every = 0.1 if sys.stderr.isatty() else 30.0
-            self.bar = tqdm(total=steps, initial=start, desc="train", unit="step", dynamic_ncols=True,
-                            mininterval=every)
+            self.bar = progress_bar(steps, start)     # a tqdm bar on a terminal, plain lines in a log
         self.telemetry = Telemetry(tables, self.embs, ctx.num_ps, cfg.data.batch_size, start)
         self.draw = loader.train_batch if loader is not None else data.train_batch
         # data.trace (a testing aid): the first dense feature of every batch this worker trains
@@ -195,6 +192,10 @@ class Worker:
             e.step = step
         loss, total = step_loss(self.model, batch, self.data.task, self.cfg.data.batch_size, self.W, self.device,
                                 self.cfg.model.embedding_l2)
+        if not math.isfinite(total):
+            raise FloatingPointError(f"step {step}: the loss is {total} on worker {self.ctx.worker_rank}: the model "
+                                     f"diverged (lower optimizer.sparse.lr / optimizer.dense.lr, or look for huge "
+                                     f"values in the input's dense columns)")
         t_data = t_early = 0.0
         if self.pipe["prefetch"] and step + 1 < steps:
             t_data = self._prefetch_next(step)
@@ -270,10 +271,13 @@ class Worker:
         steps, start = self.steps, self.start
         t_start = time.perf_counter()
         step = start
-        for step in range(start, steps):
-            self.step(step)
-            if self._after_step(step):
-                break
+        # this process's log lines above the bar, not on its line
+        from tqdm.contrib.logging import logging_redirect_tqdm
+        with logging_redirect_tqdm() if self.bar is not None and hasattr(self.bar, "disp") else contextlib.nullcontext():
+            for step in range(start, steps):
+                self.step(step)
+                if self._after_step(step):
+                    break
         for e in self.embs:                                # a prefetch no step will use must still end
             e.discard_prefetch()
         self.comm_thread.close()
@@ -296,7 +300,7 @@ class Worker:
         if self.cfg.job.export and self.lead:
             if self.cfg.job.export_best:
                 name = self.evals.export_best(self.cfg.job.export)
-                logger.warning("hpcps: exported %s (the best %s) to %s", name, self.evals.metric, self.cfg.job.export)
+                logger.info("hpcps: exported %s (the best %s) to %s", name, self.evals.metric, self.cfg.job.export)
                 exported = {"path": self.cfg.job.export, "step": int(name.split("-")[1]), "best": True}
             else:
                 export_weights(self.cfg.job.export, self.model, self.tables)
@@ -311,8 +315,10 @@ class Worker:
         ctx = self.ctx
         flat = [s for part in all_stale for s in part]
         ran = done_steps - self.start
-        return {**result, "steps": done_steps, "start_step": self.start, "stopped": self.trigger.stopped,
-                "saved": self.trigger.stopped and self.trigger.ckpt is not None,
+        stop = {"stopped": self.trigger.stopped}           # and, after a stop, whether it checkpointed first
+        if self.trigger.stopped:
+            stop["saved"] = self.trigger.ckpt is not None
+        return {**result, "steps": done_steps, "start_step": self.start, **stop,
                 **self.trigger.summary(),
                 "samples_per_s": ran * self.cfg.data.batch_size / max(elapsed, 1e-9),
                 "elapsed_s": elapsed, "num_ps": ctx.num_ps, "num_workers": self.W, "mode": ctx.mode,
