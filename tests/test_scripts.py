@@ -114,7 +114,7 @@ def test_bench_e2e_smoke(tmp_path):
     import sys
     out = tmp_path / "e2e.json"
     subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_e2e.py"), "--steps", "12", "--warmup", "4",
-                    "--out", str(out)], check=True, capture_output=True, timeout=900,
+                    "--ranks", "3", "--out", str(out)], check=True, capture_output=True, timeout=900,
                    env=__import__("mpirun").mpi_env())
     r = json.loads(out.read_text())
     assert r["config"]["repeat"] == 1
