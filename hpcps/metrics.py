@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["auc", "logloss", "rmse", "mae", "MetricsLog"]
+__all__ = ["auc", "logloss", "rmse", "mae", "MetricsLog", "tensorboard_scalars"]
 
 
 def auc(labels, scores) -> float:
@@ -41,20 +41,60 @@ def mae(y, pred) -> float:
 
 
 class MetricsLog:
-    """Append one JSON object per line to ``path`` (no-op when empty). Local (worker 0)."""
+    """Append one JSON object per line to ``path`` (no-op when empty) and, with ``tensorboard`` (a
+    directory: ``metrics.tensorboard``), the same figures as TensorBoard scalars through the
+    ``tensorboard`` package's writer (``torch.utils.tensorboard``). Local (worker 0)."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, tensorboard: str = ""):
         self._f = None
         if path:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             self._f = open(path, "a", buffering=1)
+        self._tb = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+            self._tb = SummaryWriter(log_dir=tensorboard)
         self.t0 = time.time()
 
     def write(self, record: dict) -> None:
         if self._f:
             self._f.write(json.dumps({"time": round(time.time() - self.t0, 4), **record}) + "\n")
+        if self._tb is not None:
+            for tag, value, step in tensorboard_scalars(record):
+                self._tb.add_scalar(tag, value, step)
 
     def close(self) -> None:
         if self._f:
             self._f.close()
             self._f = None
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+
+def tensorboard_scalars(record: dict) -> list:
+    """``[(tag, value, step)]`` of a metrics record: a step's ``train/...`` figures, time per phase,
+    rows and bytes per PS, its evaluation's ``eval/...``; a checkpoint's stall; the final line's
+    metrics. Local."""
+    out = []
+    if "final" in record:
+        f = record["final"]
+        return [(f"final/{k}", float(f[k]), int(f.get("steps", 0))) for k in
+                ("auc", "logloss", "rmse", "mae", "samples_per_s") if isinstance(f.get(k), (int, float))]
+    if "checkpoint" in record:
+        return [(f"checkpoint/{record.get('level', 'pfs')}_stall_s", float(record["stall_s"]), int(record["checkpoint"]))]
+    step = record.get("step")
+    if step is None:
+        return out
+    for k in ("loss", "samples_per_s", "pull_ms", "push_ms", "cache_hit_rate"):
+        if isinstance(record.get(k), (int, float)):
+            out.append((f"train/{k}", float(record[k]), step))
+    for k, v in (record.get("time_breakdown_s") or {}).items():
+        out.append((f"time_s/{k}", float(v), step))
+    for key in ("rows_per_ps", "bytes_per_ps"):
+        for p, v in enumerate(record.get(key) or []):
+            out.append((f"ps{p}/{key[:-7]}", float(v), step))
+    for k, v in (record.get("eval") or {}).items():
+        if isinstance(v, (int, float)):
+            out.append((f"eval/{k}", float(v), step))
+    return out

@@ -241,3 +241,10 @@ def test_column_names_with_underscores_come_through_set(tmp_path):
     assert c.data.drop == ["attributed_time", "click_time"]
     with pytest.raises(ValueError, match="job.steps = '1_000'"):
         load_config(None, ["job.steps=1_000"], environ={})
+
+
+def test_tensorboard_without_the_package_is_a_clear_error(monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, "tensorboard", None)          # as if not installed
+    with pytest.raises(ValueError, match=r"metrics.tensorboard = '/tmp/tb': needs the tensorboard package"):
+        load_config(None, ["metrics.tensorboard=/tmp/tb"], environ={})

@@ -70,15 +70,25 @@ def test_best_checkpoint_early_stop_export_and_a_restart_that_trains_no_more(rat
     assert sorted(p.name for p in store.list_checkpoints(ck)) == kept and store.read_best(ck)["step"] == best_step
 
 
-def test_eval_every_steps_on_the_progress_record_and_in_the_report(tmp_path):
-    metrics = tmp_path / "m.jsonl"
+def test_eval_every_steps_on_the_progress_record_in_the_report_and_in_tensorboard(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    metrics, tb = tmp_path / "m.jsonl", tmp_path / "tb"
     r = run_mpi(3, ["-m", "hpcps", "train", "--config", TINY, "--set", "job.steps=30", "job.log_every=7",
-                    "job.eval_every=10", f"metrics.path={metrics}", "metrics.progress=false"], timeout=240)
+                    "job.eval_every=10", f"metrics.path={metrics}", "metrics.progress=false",
+                    f"metrics.tensorboard={tb}"], timeout=240)
     recs = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert [x["step"] for x in recs if "eval" in x] == [10, 20]                   # the end's is the final line
     assert sorted(x["step"] for x in recs if "step" in x) == [7, 10, 14, 20, 21, 28, 30]
     final = _final(r.stdout)
     assert final["evaluations"] == 3 and final["best"]["metric"] == "auc" and not final["early_stopped"]
+    acc = EventAccumulator(str(tb))                              # the same figures, read back by TensorBoard
+    acc.Reload()
+    assert {"train/loss", "train/samples_per_s", "time_s/pull", "ps0/rows", "eval/auc", "final/auc"} <= set(acc.Tags()["scalars"])
+    steps = [x for x in recs if "step" in x]
+    assert [e.step for e in acc.Scalars("train/loss")] == [x["step"] for x in steps]
+    np.testing.assert_allclose([e.value for e in acc.Scalars("train/loss")], [x["loss"] for x in steps], rtol=1e-6)
+    assert [e.step for e in acc.Scalars("eval/auc")] == [10, 20]
+    assert acc.Scalars("final/auc")[0].value == pytest.approx(final["auc"], rel=1e-6)
     rep = subprocess.run([sys.executable, "-m", "hpcps", "report", str(metrics), "--out", str(tmp_path / "rep")],
                          capture_output=True, text=True, timeout=120)
     assert rep.returncode == 0, rep.stderr

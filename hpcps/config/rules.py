@@ -107,6 +107,11 @@ def validate(cfg: Config) -> None:
     """Raise ``ValueError`` naming the first bad setting. Local."""
     j, d, m = cfg.job, cfg.data, cfg.model
     _check(j.num_ps >= 1, "job.num_ps", j.num_ps, "must be >= 1")
+    if cfg.metrics.tensorboard:
+        import importlib.util
+        _check(importlib.util.find_spec("tensorboard") is not None, "metrics.tensorboard", cfg.metrics.tensorboard,
+               "needs the tensorboard package (pip install tensorboard, or the project's extra: pip install "
+               "-e '.[tensorboard]')")
     try:
         parse_mode(j.mode)
     except ValueError as e:

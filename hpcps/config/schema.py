@@ -172,6 +172,7 @@ class PipelineConfig:
 class MetricsConfig:
     path: str = ""              # JSONL file ("" = none)
     progress: bool = True       # worker 0: a tqdm bar on a terminal, a line every 5% in a batch log
+    tensorboard: str = ""       # a directory: the records' figures as TensorBoard scalars (needs tensorboard)
 
 
 @dataclass

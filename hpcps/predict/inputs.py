@@ -46,7 +46,8 @@ def scoring_config(path: Path, config: str | None, data: str, sets=()):
     saved = store.read_manifest(path).get("config")
     if not saved:
         raise ValueError(f"{path}: its manifest holds no config (written by an older hpcps?)")
-    cfg = load_config(config, [*sets, f"data.path={data}", "data.eval_path=", "data.eval_fraction=0"], base=saved)
+    cfg = load_config(config, ["metrics.tensorboard=", *sets, f"data.path={data}", "data.eval_path=",
+                               "data.eval_fraction=0"], base=saved)
     for key in ("kind", "dim", "bottom_mlp", "top_mlp", "cross_layers", "dynamic_tables"):
         have, want = getattr(cfg.model, key, None), saved.get("model", {}).get(key)
         if want is not None and have != want:

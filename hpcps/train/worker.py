@@ -103,7 +103,7 @@ class Worker:
         epoch = data.steps_per_epoch if cfg.job.eval_each_epoch or cfg.job.epochs == AUTO_EPOCHS else None
         self.eval_every = [k for k in (cfg.job.eval_every, epoch) if k]
         self.eval_post = {}                                # worker 0: the last evaluation, on the bar
-        self.log = MetricsLog(cfg.metrics.path if self.lead else "")
+        self.log = MetricsLog(cfg.metrics.path if self.lead else "", cfg.metrics.tensorboard if self.lead else "")
         self.bar = None
         if self.lead and cfg.metrics.progress:
             self.bar = progress_bar(steps, start)     # a tqdm bar on a terminal, plain lines in a log
