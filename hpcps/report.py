@@ -144,13 +144,16 @@ def _plot_breakdown(plt, save, r, label) -> None:
     """time_breakdown.png: worker 0's ms per step by phase, per metrics record of run ``r``."""
     fig, ax = plt.subplots(figsize=(8, 4))
     recs = [s for s in r["steps"] if set(PHASES) <= set(s.get("time_breakdown_s", {}))]
+    first = None
+    if len(recs) >= 3:                  # the first record holds the start (first touches, warm-up): its own scale
+        first, recs = recs[0], recs[1:]
     if recs:
         x = list(range(len(recs)))
         bottom = [0.0] * len(recs)
         for ph in PHASES:
             per_step = []
-            last = r["final"]["start_step"] if r["final"] else recs[0]["step"] - (
-                recs[1]["step"] - recs[0]["step"] if len(recs) > 1 else recs[0]["step"])
+            last = first["step"] if first is not None else r["final"]["start_step"] if r["final"] else \
+                recs[0]["step"] - (recs[1]["step"] - recs[0]["step"] if len(recs) > 1 else recs[0]["step"])
             for s in recs:
                 n = s["step"] - last
                 last = s["step"]
@@ -162,7 +165,7 @@ def _plot_breakdown(plt, save, r, label) -> None:
         ax.set_xlabel("up to step")
         ax.set_ylabel("ms per step, worker 0")
         ax.legend(fontsize=8, ncol=3)
-    ax.set_title(label(r))
+    ax.set_title(label(r) + (f" (from step {first['step']}: the first record, the start, left out)" if first else ""))
     save(fig, "time_breakdown.png")
 
 
@@ -174,13 +177,15 @@ def _plot_balance(plt, save, runs, label) -> None:
     for s in r["steps"]:
         for k, v in s.get("staleness_counts", {}).items():
             counts[int(k)] = counts.get(int(k), 0) + v
-    if counts:
+    if set(counts) - {0}:                 # sync mode sees 0 at every step: nothing to plot (the summary says so)
         ks = sorted(counts)
         ax.bar(ks, [counts[k] for k in ks])
-    ax.set_xlabel("staleness (steps) seen by worker 0 at step begin")
-    ax.set_ylabel("steps")
-    ax.set_title(label(r))
-    save(fig, "staleness.png")
+        ax.set_xlabel("staleness (steps) seen by worker 0 at step begin")
+        ax.set_ylabel("steps")
+        ax.set_title(label(r))
+        save(fig, "staleness.png")
+    else:
+        plt.close(fig)
 
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
     last = r["steps"][-1]
@@ -234,7 +239,8 @@ def _summary(runs, bench_files, plots) -> str:
                              f"({f.get('evaluations', 0)} evaluations" + (", stopped early)" if f.get("early_stopped")
                                                                            else ")"))
             lines.append(f"- samples/s over the whole loop: {f.get('samples_per_s', 0):,.0f}")
-            lines.append(f"- max staleness: {f.get('max_staleness', 0)}")
+            lines.append(f"- max staleness: {f.get('max_staleness', 0)}" + (
+                " (0 at every step: no staleness plot)" if not f.get("max_staleness") else ""))
             if f.get("checkpoints"):
                 lines.append(f"- checkpoints: {len(f['checkpoints'])}, worst stall "
                              f"{1e3 * f.get('checkpoint_stall_s', 0):.0f} ms")

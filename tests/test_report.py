@@ -38,6 +38,19 @@ def test_runs_of_a_resumed_job_are_split_and_continue_in_time(tmp_path):
     assert runs[1]["offset"] == 3.0 and len(runs[0]["checkpoints"]) == 1
 
 
+def test_a_sync_run_has_no_staleness_plot_and_the_breakdown_leaves_the_start_out(tmp_path):
+    """Sync mode sees staleness 0 at every step (one bar at 0 said nothing); the first record of a
+    run (the start: 440 ms a step) set the breakdown's scale for all the others."""
+    recs = [_step(10 * k, float(k)) for k in range(1, 5)]
+    recs[0]["time_breakdown_s"]["forward_backward"] = 4.4
+    recs.append({"time": 5.0, "final": {"auc": 0.7, "logloss": 0.5, "steps": 40, "start_step": 0, "mode": "sync",
+                                        "max_staleness": 0}})
+    (tmp_path / "m.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    names = {f.name for f in write_report(tmp_path / "m.jsonl", tmp_path / "rep")}
+    assert "staleness.png" not in names and "time_breakdown.png" in names
+    assert "max staleness: 0 (0 at every step: no staleness plot)" in (tmp_path / "rep" / "summary.md").read_text()
+
+
 def test_report_writes_plots_and_a_summary_with_bench_ratios(tmp_path):
     res = tmp_path / "results"
     res.mkdir()
