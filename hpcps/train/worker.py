@@ -193,9 +193,9 @@ class Worker:
         loss, total = step_loss(self.model, batch, self.data.task, self.cfg.data.batch_size, self.W, self.device,
                                 self.cfg.model.embedding_l2)
         if not math.isfinite(total):
-            raise FloatingPointError(f"step {step}: the loss is {total} on worker {self.ctx.worker_rank}: the model "
-                                     f"diverged (lower optimizer.sparse.lr / optimizer.dense.lr, or look for huge "
-                                     f"values in the input's dense columns)")
+            raise ValueError(f"step {step}: the loss is {total} (not finite) on worker {self.ctx.worker_rank}: the "
+                             f"model diverged (lower optimizer.sparse.lr / optimizer.dense.lr, or look for huge values "
+                             f"in the input's dense columns)")
         t_data = t_early = 0.0
         if self.pipe["prefetch"] and step + 1 < steps:
             t_data = self._prefetch_next(step)
@@ -273,7 +273,8 @@ class Worker:
         step = start
         # this process's log lines above the bar, not on its line
         from tqdm.contrib.logging import logging_redirect_tqdm
-        with logging_redirect_tqdm() if self.bar is not None and hasattr(self.bar, "disp") else contextlib.nullcontext():
+        on_bar = self.bar is not None and hasattr(self.bar, "disp")      # a tqdm bar, not LineProgress
+        with logging_redirect_tqdm() if on_bar else contextlib.nullcontext():
             for step in range(start, steps):
                 self.step(step)
                 if self._after_step(step):
