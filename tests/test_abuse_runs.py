@@ -7,6 +7,7 @@ import signal
 import time
 
 import numpy as np
+import pytest
 
 from hpcps.checkpoint import local, store
 from mpirun import ROOT, launch_mpi, reap, run_mpi
@@ -27,10 +28,9 @@ def _error(r) -> str:
     return "\n".join(lines) or r.stderr[-2000:]
 
 
-def test_checkpoint_dir_of_an_earlier_run_other_optimizer_and_tables_too_large_are_clear_errors(tmp_path):
+def test_checkpoint_dir_of_an_earlier_run_and_another_dense_optimizer_are_clear_errors(tmp_path):
     """resume = none over an earlier run's checkpoints (they would mix: a restart took the old
-    newest step); a restart with another dense optimizer (torch's KeyError before); a model.dim
-    whose tables cannot fit this host's memory (numpy's allocation error before)."""
+    newest step); a restart with another dense optimizer (torch's KeyError before)."""
     ck = tmp_path / "ck"
     first = _final(_train(3, [f"checkpoint.dir={ck}", "checkpoint.every_steps=10", "job.steps=20"]).stdout)
     assert first["checkpoints"] == [10, 20]
@@ -43,9 +43,22 @@ def test_checkpoint_dir_of_an_earlier_run_other_optimizer_and_tables_too_large_a
     assert r.returncode != 0 and "trained with optimizer.dense.name = 'sgd', this run has 'adam'" in _error(r)
     assert "KeyError" not in r.stderr
     assert [p.name for p in store.list_checkpoints(ck)] == ["step-000000010", "step-000000020"]   # untouched
-    r = _train(2, ["model.dim=100000000", "data.rows_per_table=100000"], check=False)
-    assert r.returncode != 0 and "the tables need" in _error(r) and "available" in _error(r), r.stderr[-2000:]
-    assert "MemoryError" not in r.stderr
+
+
+def test_tables_larger_than_the_hosts_memory_are_refused_before_any_allocation():
+    """model.dim = 1e8: make_tables' first step compares what the tables take per PS (rows,
+    optimizer state, staging) with the host's available memory (numpy's 7 TiB allocation error
+    before)."""
+    from types import SimpleNamespace
+    from hpcps.config import load_config
+    from hpcps.data import make_data
+    from hpcps.train.build import check_table_memory
+    cfg = load_config(TINY, ["model.dim=100000000", "data.rows_per_table=100000"], environ={})
+    data = make_data(cfg.data, 0, 1, 0)
+    ctx = SimpleNamespace(node_ranks=[0, 1, 2], ps_world_ranks=[0], num_ps=1)
+    with pytest.raises(ValueError, match=r"the tables need [0-9.]+ TiB of memory on this host \(1 PS rank\(s\) x "):
+        check_table_memory(cfg, ctx, data, 30)
+    check_table_memory(load_config(TINY, [], environ={}), ctx, data, 30)      # the tiny job fits
 
 
 def test_a_second_job_sharing_the_local_dir_leaves_the_first_ones_parts(tmp_path):
