@@ -22,8 +22,9 @@ mpirun.SKIP_MALLOC_TUNE = True   # a test's few steps do not need glibc's tcache
 # the others compute. The files that take longest go first, so that the two end together
 # (seconds measured on the 2-core VM in one process, MPICH leg).
 LONGEST_FIRST = ["test_slurm_hosts.py", "test_scripts.py", "test_checkpoint_mpi.py", "test_tables_mpi.py",
-                 "test_train_mpi.py", "test_slurm.py", "test_hosts.py", "test_failures.py", "test_dynamic_mpi.py",
-                 "test_deterministic_mpi.py", "test_dynamic_train.py", "test_evaluation.py"]
+                 "test_train_mpi.py", "test_slurm.py", "test_hosts.py", "test_predict.py", "test_failures.py",
+                 "test_dynamic_mpi.py", "test_abuse_runs.py", "test_deterministic_mpi.py", "test_dynamic_train.py",
+                 "test_evaluation.py", "test_abuse.py", "test_cli.py"]
 
 
 def pytest_collection_modifyitems(session, config, items):

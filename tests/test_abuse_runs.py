@@ -78,8 +78,8 @@ def test_a_second_job_sharing_the_local_dir_leaves_the_first_ones_parts(tmp_path
     os.killpg(proc.pid, signal.SIGKILL)
     reap(proc)
     assert not store.list_checkpoints(a)
-    _train(3, sets[:2] + ["job.steps=20", f"checkpoint.dir={b}"])
-    f = _final(_train(3, sets[:3] + ["job.steps=30", f"checkpoint.dir={a}"]).stdout)
+    _train(3, sets[:2] + ["job.steps=8", f"checkpoint.dir={b}"])
+    f = _final(_train(3, sets[:3] + ["job.steps=12", f"checkpoint.dir={a}"]).stdout)
     assert f["restored_from"] == "local" and f["start_step"] >= 2
 
 

@@ -100,14 +100,14 @@ def test_bench_e2e_smoke(tmp_path):
     import subprocess
     import sys
     out = tmp_path / "e2e.json"
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_e2e.py"), "--steps", "12", "--warmup", "4",
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_e2e.py"), "--steps", "8", "--warmup", "2",
                     "--ranks", "3", "--out", str(out)], check=True, capture_output=True, timeout=900,
                    env=__import__("mpirun").mpi_env())
     r = json.loads(out.read_text())
     assert r["config"]["repeat"] == 1
     for k in ("hpcps", "hpcps_pipeline_on", "hpcps_no_prefetch", "torch_rpc", "single_process"):
         res = r["results"][k]
-        assert res["samples_per_s"] > 0 and res["steps"] == 8 and res["runs_samples_per_s"] == [res["samples_per_s"]]
+        assert res["samples_per_s"] > 0 and res["steps"] == 6 and res["runs_samples_per_s"] == [res["samples_per_s"]]
     assert r["hpcps_vs_torch_rpc"] > 0 and r["hpcps_per_core_vs_single_process"] > 0
     assert r["pipeline_on_vs_off"] > 0
     assert r["targets"] == {"hpcps_vs_torch_rpc": 2.0, "hpcps_per_core_vs_single_process": 0.8}
