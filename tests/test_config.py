@@ -248,3 +248,13 @@ def test_tensorboard_without_the_package_is_a_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "tensorboard", None)          # as if not installed
     with pytest.raises(ValueError, match=r"metrics.tensorboard = '/tmp/tb': needs the tensorboard package"):
         load_config(None, ["metrics.tensorboard=/tmp/tb"], environ={})
+
+
+def test_a_saved_config_keeps_auto_epochs():
+    """A checkpoint's config (to_dict) holds job.epochs = "auto" as -1: loading it back (hpcps predict,
+    evaluate, the exports) is "auto", while a user's -1 is refused."""
+    from hpcps.config import AUTO_EPOCHS
+    saved = load_config(None, ["job.epochs=auto", "data.format=csv", f"data.path={ROOT / 'README.md'}",
+                               "data.label=0"], environ={}).to_dict()
+    assert saved["job"]["epochs"] == AUTO_EPOCHS
+    assert load_config(None, [], environ={}, base=saved).job.epochs == AUTO_EPOCHS

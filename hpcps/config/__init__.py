@@ -24,6 +24,8 @@ __all__ = ["Config", "load_config", "config_keys", "build_sparse_optimizer", "pa
            "validate", "SWITCHES", "ENV_ALIASES", "FORMATS", "MODELS"]
 
 
+SAVED = "the checkpoint's config"          # the source of a base config (to_dict() keeps "auto" epochs as -1)
+
 # keys naming data columns: a name, a 0-based number, or a list of them (data.categorical also "rest")
 COLUMN_KEYS = ("data.label", "data.id", "data.categorical", "data.dense", "data.drop")
 
@@ -55,8 +57,8 @@ def _coerce(key, value, default, source):
     where = f"config: {key} = {value!r} ({source})"
     if key == "job.epochs" and isinstance(value, str) and value.strip().lower() == "auto":
         return AUTO_EPOCHS
-    if key == "job.epochs" and _negative(value):        # -1 is how "auto" is kept, not a value to write
-        raise ValueError(f"{where}: must be >= 0 or \"auto\"")
+    if key == "job.epochs" and _negative(value) and not (source == SAVED and value == AUTO_EPOCHS):
+        raise ValueError(f"{where}: must be >= 0 or \"auto\"")   # -1 is how "auto" is kept (a saved config's)
     from_text = not source.startswith("file ")
     if isinstance(value, str) and kind is not str and from_text:
         text = value.strip()
@@ -150,7 +152,7 @@ def load_config(path=None, overrides=(), environ=None, base: dict | None = None)
     keys = config_keys()
     for key, value in _flatten(base or {}):
         if key in keys:                      # a key of an older version's config is left out
-            _set(cfg, key, value, "the checkpoint's config", keys)
+            _set(cfg, key, value, SAVED, keys)
     if path:
         try:
             with open(path, "rb") as f:
