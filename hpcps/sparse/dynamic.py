@@ -23,13 +23,13 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from ..core import wait as _wait
 from ..core.dynshard import EVICTIONS, DynamicShard, sum_rows
 from ..core.hashindex import owner_of
 from ..core.ids import initial_rows
 from ..core.optimizers import SGD, SparseOptimizer
-from ..errors import HpcpsError, RoleError
+from ..errors import RoleError
 from .dynamic_ckpt import DynamicCheckpointable
+from .dynamic_recv import DynamicReceiving
 from .dynamic_shm import ShardMemory
 from .table import TableStats
 from .validate import _to_numpy, as_grads
@@ -81,7 +81,7 @@ class _Handle:
         return self._value
 
 
-class DynamicEmbeddingTable(DynamicCheckpointable):
+class DynamicEmbeddingTable(DynamicCheckpointable, DynamicReceiving):
     """A table of ``dim`` floats per int64 id, ``capacity`` rows over all PS ranks. Collective over
     the world (create it on every rank, in the same order as the other tables)."""
 
@@ -361,50 +361,6 @@ class DynamicEmbeddingTable(DynamicCheckpointable):
                 self.shard.push(self.shard.place(ids, step), grads, step)
             return
         self._sends.append((self.comm.Isend(reply, dest=src, tag=_REPLY + kind), reply))
-
-    def _apply_step(self, step: int | None = None) -> None:
-        """PS, sync mode, before the step's apply: wait for every worker's push of the step, then
-        apply their sum in worker order. Local (receives from the workers)."""
-        step = self.ctx.control.step if step is None else step
-        W = self.ctx.num_workers
-        def ready() -> bool:
-            have = self._staged.get(step, {})
-            gone = sorted(w for w in self._finished if w not in have)
-            if gone:
-                raise HpcpsError(f"table {self.name!r}: worker {gone[0]} finished (finalize) without its push of "
-                                 f"step {step}: in sync mode each worker pushes every step it pulls")
-            return len(have) >= W
-        self._take_until(ready,
-                         lambda: f"table {self.name!r}: PS {self.ctx.ps_rank} waits for every worker's push of "
-                                 f"step {step} ({len(self._staged.get(step, {}))} of {W} in); in sync mode each "
-                                 f"worker pushes every step it pulls (a step ended without its push?)")
-        got = self._staged.pop(step)
-        seen = self._observed.pop(step, [])          # the step's uses, after a checkpoint cut at it
-        known = None                                 # their rows: the push's found by a binary search
-        if len(seen) == 1:
-            known = self.shard.look(seen[0][0], step, distinct=seen[0][1])
-        elif seen:                                   # one probe for every worker's (uses add up alike)
-            known = self.shard.look(np.concatenate([ids for ids, _ in seen]), step)
-        if W == 1:                                   # a worker sends its ids sorted and distinct
-            uniq, summed = got[0]
-        else:
-            uniq, summed = sum_rows(np.concatenate([got[w][0] for w in range(W)]),   # in worker order:
-                                    np.concatenate([got[w][1] for w in range(W)]))   # the same bits every run
-        self.shard.push(self.shard.place(uniq, step, known), summed, step)
-
-    def _take_until(self, done, what=None) -> None:
-        """PS: receive and handle the workers' messages until ``done()``; a wait that sees no message
-        for ``job.progress_timeout`` raises ``StalledError`` saying ``what``. Local."""
-        status, misses, started = MPI.Status(), 0, time.monotonic()
-        what = what or (lambda: f"table {self.name!r}: PS {self.ctx.ps_rank} waits for the workers' messages")
-        while not done():
-            if self.comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status):
-                self._handle(status)
-                misses, started = 0, time.monotonic()
-                continue
-            misses += 1
-            _wait.overdue(started, misses, what)
-            _wait.backoff(misses)
 
     def _observe(self, ids: np.ndarray, step: int, distinct: bool) -> None:
         """PS: count a pull's uses and sightings; in sync mode at the step's apply (a checkpoint cut
