@@ -7,7 +7,7 @@ Local, pure (no MPI).
 
 import numpy as np
 
-from ..data.ratings import is_header, split_fields
+from ..data.ratings import is_header, parse_rating, split_fields
 
 __all__ = ["RatingsInput", "ratings_input", "ratings_header"]
 
@@ -33,36 +33,31 @@ class RatingsInput:
         nu, ni = len(self.users), len(self.items)
         keys, labels, slots = np.empty((n, 2), np.int64), np.full(n, np.nan, np.float32), []
         for i, line in enumerate(block.decode("utf-8", "replace").split("\n")[:n]):
-            f = split_fields(line.rstrip("\r"))
-            why = _bad(f, self.label >= 0)
-            if why:
+            try:
+                user, item, rating = _fields(line.rstrip("\r"), self.label >= 0)
+            except ValueError as e:
                 if not skip_bad:
-                    raise ValueError(f"{where(i)}: {why} (data.skip_bad_lines = true skips such lines)")
+                    raise ValueError(f"{where(i)}: {e} (data.skip_bad_lines = true skips such lines)") from None
                 stats["skipped_lines"] = stats.get("skipped_lines", 0) + 1
                 continue
             k = len(slots)
-            keys[k] = self.users.get(f[0], nu), self.items.get(f[1], ni)
-            if self.label >= 0:
-                labels[k] = float(f[2])
+            keys[k] = self.users.get(user, nu), self.items.get(item, ni)
+            labels[k] = rating
             slots.append(i)
         m = len(slots)
         return (np.zeros((m, 0), np.float32), keys[:m], labels[:m],
                 None if m == n else np.asarray(slots, np.int64))
 
 
-def _bad(f: list, labelled: bool) -> str | None:
-    if len(f) < 2 or len(f) > 4 or not f[0] or not f[1]:
-        return f"expected 'user item [rating [timestamp]]', got {len(f)} fields"
+def _fields(line: str, labelled: bool) -> tuple:
+    """``(user, item, rating or NaN)`` of a line: training's :func:`parse_rating` where the lines
+    hold the rating, else ``user item`` (and whatever follows). ``ValueError`` naming the problem."""
     if labelled:
-        if len(f) < 3:
-            return "no rating (the file's first line has one)"
-        try:
-            r = float(f[2])
-        except ValueError:
-            return f"rating is not a number: {f[2][:40]!r}"
-        if not np.isfinite(r) or abs(r) > 1e6:
-            return f"rating {f[2][:40]!r} is not a finite number of at most 1e6 in magnitude"
-    return None
+        return parse_rating(line)
+    f = split_fields(line)
+    if len(f) < 2 or len(f) > 4 or not f[0] or not f[1]:
+        raise ValueError(f"expected 'user item [rating [timestamp]]', got {len(f)} fields")
+    return f[0], f[1], np.nan
 
 
 def ratings_header(d):

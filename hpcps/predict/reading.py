@@ -64,7 +64,6 @@ def read_parts(files: list, parts: list, which, lay: Layout, id_col, skip_bad: b
     ``child``: parse in a forked child process, ahead of the caller. Local."""
     blocks = [(i, parts[i][0], a, min(a + PARSE_LINES, parts[i][2]))
               for i in which for a in range(parts[i][1], parts[i][2], PARSE_LINES)]
-    ends = {i for i in which}
     last = {i: n for n, (i, *_) in enumerate(blocks)}
     if not child or len(blocks) < 2:
         reader = LineReader(files)
@@ -77,8 +76,6 @@ def read_parts(files: list, parts: list, which, lay: Layout, id_col, skip_bad: b
             reader.close()
     else:
         yield from _in_child(files, blocks, last, lay, id_col, skip_bad, stats)
-    for i in sorted(ends - set(last)):           # parts of no lines
-        yield i, None
 
 
 def _in_child(files, blocks, last, lay, id_col, skip_bad, stats):
