@@ -133,7 +133,9 @@ class Context(Topology):
         self._tables = []          # live tables, in creation order (frees are collective)
         self._served = False
         self._finalized = False
-        self._service_hooks = []   # PS: called on every poll of the serve loop
+        self._service_hooks = []   # PS: (hook, what its work counts as), called on every poll of the serve loop
+        self.busy_s = {}           # PS: seconds of the serve loop's polls that did work, by kind (hpcps.monitor)
+        self.rows_applied = 0      # PS: rows its applies updated
         self._resources = []       # freed collectively in finalize, after the tables
         self.window_kind = window_kind(world)      # how its windows are made (hpcps.core.window)
         self.rma_read = self.resolve_rma_read(rma_read)
@@ -168,10 +170,28 @@ class Context(Topology):
         """Have ``finalize`` call ``resource.free()`` (collective), after the tables. Local."""
         self._resources.append(resource)
 
-    def add_service_hook(self, hook) -> None:
+    def add_service_hook(self, hook, kind: str = "other") -> None:
         """PS: call ``hook()`` on every poll of the serve loop (checkpoint requests); a true result
-        means it did work, and the loop polls again without pausing. Local."""
-        self._service_hooks.append(hook)
+        means it did work, and the loop polls again without pausing; the time of such a call adds
+        to ``busy_s[kind]``. Local."""
+        self._service_hooks.append((hook, kind))
+
+    def _poll(self) -> bool:
+        """PS: one poll of the serve loop: apply what the mode allows, run the hooks; the time of
+        each that worked adds to :attr:`busy_s`. Whether anything worked. Local."""
+        t0 = time.perf_counter()
+        worked = self.control.service(self._tables)
+        t1 = time.perf_counter()
+        if worked:
+            self.busy_s["apply"] = self.busy_s.get("apply", 0.0) + t1 - t0
+        for hook, kind in self._service_hooks:      # every hook runs
+            if hook():
+                t0, t1 = t1, time.perf_counter()
+                self.busy_s[kind] = self.busy_s.get(kind, 0.0) + t1 - t0
+                worked = True
+            else:
+                t1 = time.perf_counter()
+        return worked
 
     def check_open(self) -> None:
         """Raise ``FreedError`` once :meth:`finalize` ran. Local."""
@@ -186,16 +206,14 @@ class Context(Topology):
         while not req.Test():
             seen = self.control.bell()               # before looking: a ring after it is not lost
             if self.is_ps:
-                worked = self.control.service(self._tables)
-                worked = any([hook() for hook in self._service_hooks]) or worked    # every hook runs
-                misses = 0 if worked else misses + 1
+                misses = 0 if self._poll() else misses + 1
             else:
                 misses += 1
                 _wait.overdue(started, misses, "this worker finished; the other ranks have not reached finalize()")
             _wait.pause(max(misses, 1), self.control.bell_word, seen)
         if self.is_ps:                       # every push is in: apply whatever is still staged
             self.control.service(self._tables, final=True)
-            for hook in self._service_hooks:
+            for hook, _ in self._service_hooks:
                 hook()
 
     # -- the step protocol (workers) -----------------------------------------

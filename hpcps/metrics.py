@@ -74,13 +74,21 @@ class MetricsLog:
 
 def tensorboard_scalars(record: dict) -> list:
     """``[(tag, value, step)]`` of a metrics record: a step's ``train/...`` figures, time per phase,
-    rows and bytes per PS, its evaluation's ``eval/...``; a checkpoint's stall; the final line's
-    metrics. Local."""
+    rows and bytes per PS, its evaluation's ``eval/...``; a checkpoint's stall; a monitor record's
+    host CPU and memory and PS busy share; the final line's metrics. Local."""
     out = []
     if "final" in record:
         f = record["final"]
         return [(f"final/{k}", float(f[k]), int(f.get("steps", 0))) for k in
                 ("auc", "logloss", "rmse", "mae", "samples_per_s") if isinstance(f.get(k), (int, float))]
+    if "alert" in record:
+        return out
+    if "monitor" in record:                          # one host's system figures (hpcps.monitor)
+        step, host = int(record["monitor"]), record["host"]
+        out = [(f"host/{host}/{k}", float(record[k]), step) for k in ("cpus_used", "mem_used_mb", "rss_max_mb")
+               if isinstance(record.get(k), (int, float))]
+        return out + [(f"ps{p['ps']}/{k}", float(p[k]), step) for p in record["ps"] for k in ("busy", "mb_s")
+                      if p.get(k) is not None]
     if "checkpoint" in record:
         return [(f"checkpoint/{record.get('level', 'pfs')}_stall_s", float(record["stall_s"]), int(record["checkpoint"]))]
     step = record.get("step")

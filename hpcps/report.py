@@ -5,12 +5,16 @@ whose ``*.jsonl`` metrics files and ``bench_*.json`` benchmark results are all r
 in ``--out``: ``loss.png`` (loss and eval AUC against step and against time),
 ``throughput.png``, ``time_breakdown.png``, ``staleness.png``, ``load_balance.png`` (rows and
 bytes per PS rank), ``checkpoints.png`` (stall and write time per checkpoint, when the job took
-any) and ``summary.md`` (the final figures and the benchmark ratios). Headless (matplotlib's
+any), ``hosts.png`` and ``ps_busy.png`` (each host's CPU and memory and each PS's busy share over
+time, from the monitor's records: ``metrics.every``) and ``summary.md`` (the final figures, the
+alerts and the benchmark ratios). Headless (matplotlib's
 Agg backend). Local; no MPI.
 """
 
 import json
 from pathlib import Path
+
+from .monitor.plots import monitor_lines, plot_monitor
 
 __all__ = ["load_metrics", "write_report"]
 
@@ -20,8 +24,9 @@ PHASES = ("data", "idle", "pull", "forward_backward", "push", "dense_allreduce")
 def load_metrics(path) -> list[dict]:
     """The runs of one metrics file, in order (a resumed job appends its run to the same file):
     ``[{"steps": [...], "checkpoints": [...], "final": {...} | None, "path", "offset"}]``, where
-    ``offset`` is the run's start on a time axis that continues across runs."""
-    runs, cur = [], {"steps": [], "checkpoints": [], "final": None}
+    ``offset`` is the run's start on a time axis that continues across runs; ``monitor`` and
+    ``alerts`` hold the monitor's host records and alerts."""
+    runs, cur = [], _new_run()
     with open(path, "rb") as f:
         for n, raw in enumerate(f, 1):
             try:
@@ -38,13 +43,17 @@ def load_metrics(path) -> list[dict]:
             if "final" in rec:
                 cur["final"] = rec["final"]
                 runs.append(cur)
-                cur = {"steps": [], "checkpoints": [], "final": None}
+                cur = _new_run()
+            elif "monitor" in rec:
+                cur["monitor"].append(rec)
+            elif "alert" in rec:
+                cur["alerts"].append(rec)
             elif "checkpoint" in rec:
                 cur["checkpoints"].append(rec)
             elif "step" in rec:
                 if cur["steps"] and rec["step"] <= cur["steps"][-1]["step"]:   # a run that never finished
                     runs.append(cur)
-                    cur = {"steps": [], "checkpoints": [], "final": None}
+                    cur = _new_run()
                 cur["steps"].append(rec)
     if cur["steps"] or cur["checkpoints"]:
         runs.append(cur)
@@ -55,6 +64,10 @@ def load_metrics(path) -> list[dict]:
         times = [s["time"] for s in r["steps"]] + [c["time"] for c in r["checkpoints"]]
         offset += max(times, default=0.0)
     return runs
+
+
+def _new_run() -> dict:
+    return {"steps": [], "checkpoints": [], "final": None, "monitor": [], "alerts": []}
 
 
 def _sources(src: Path):
@@ -134,6 +147,7 @@ def write_report(src, out) -> list[Path]:
 
         _plot_breakdown(plt, save, runs[-1], label)
         _plot_balance(plt, save, runs, label)
+        plot_monitor(plt, save, runs)
 
     (out / "summary.md").write_text(_summary(runs, bench_files, written))
     written.append(out / "summary.md")
@@ -259,6 +273,7 @@ def _summary(runs, bench_files, plots) -> str:
         rows = last.get("rows_per_ps", [])
         if len(rows) > 1 and sum(rows):
             lines.append(f"- load balance: max/mean rows per PS = {max(rows) / (sum(rows) / len(rows)):.2f}")
+        lines += monitor_lines(r)
         lines.append("")
     for b in bench_files:
         data = json.loads(b.read_text())

@@ -75,8 +75,10 @@ def test_eval_every_steps_on_the_progress_record_in_the_report_and_in_tensorboar
     metrics, tb = tmp_path / "m.jsonl", tmp_path / "tb"
     r = run_mpi(3, ["-m", "hpcps", "train", "--config", TINY, "--set", "job.steps=30", "job.log_every=7",
                     "job.eval_every=10", f"metrics.path={metrics}", "metrics.progress=false",
-                    f"metrics.tensorboard={tb}"], timeout=240)
+                    f"metrics.tensorboard={tb}", "metrics.every=0.1", "job.step_delay=0.01"], timeout=240)
     recs = [json.loads(line) for line in metrics.read_text().splitlines()]
+    monitor = [x for x in recs if "monitor" in x]                 # the monitor's host records
+    assert monitor and all(x["ps"][0]["busy"] is not None and x["rss_mb"] > 100 for x in monitor)
     assert [x["step"] for x in recs if "eval" in x] == [10, 20]                   # the end's is the final line
     assert sorted(x["step"] for x in recs if "step" in x) == [7, 10, 14, 20, 21, 28, 30]
     final = _final(r.stdout)
@@ -89,6 +91,9 @@ def test_eval_every_steps_on_the_progress_record_in_the_report_and_in_tensorboar
     np.testing.assert_allclose([e.value for e in acc.Scalars("train/loss")], [x["loss"] for x in steps], rtol=1e-6)
     assert [e.step for e in acc.Scalars("eval/auc")] == [10, 20]
     assert acc.Scalars("final/auc")[0].value == pytest.approx(final["auc"], rel=1e-6)
+    host = monitor[0]["host"]
+    assert [e.step for e in acc.Scalars("ps0/busy")] == [x["monitor"] for x in monitor]
+    assert acc.Scalars(f"host/{host}/mem_used_mb")[-1].value == pytest.approx(monitor[-1]["mem_used_mb"])
     rep = subprocess.run([sys.executable, "-m", "hpcps", "report", str(metrics), "--out", str(tmp_path / "rep")],
                          capture_output=True, text=True, timeout=120)
     assert rep.returncode == 0, rep.stderr

@@ -128,9 +128,15 @@ def test_sync_with_the_ps_on_another_host_equals_one_process(ps_on_another_host,
 def test_ps_and_workers_spread_over_hosts_with_the_dense_all_reduce_across_them(tmp_path):
     sets = ["optimizer.sparse.name=adam", "optimizer.sparse.lr=0.05", "job.num_ps=2",
             f"job.export={tmp_path / 'w.npz'}"]
-    r = _train(4, "h0:2,h1:2", sets)
+    m = tmp_path / "m.jsonl"          # and the monitor: a record per host of each sample, each PS on its host
+    r = _train(4, "h0:2,h1:2", sets + [f"metrics.path={m}", "metrics.every=0.1", "job.step_delay=0.01"])
     lay = _final(r.stdout)["layout"]
     assert lay["ps_per_host"] == [1, 1] and lay["dense"] == "mpi"      # workers on 2 hosts: not shm
+    mon = [json.loads(x) for x in m.read_text().splitlines() if x.startswith('{"time"') and '"monitor"' in x]
+    assert {x["host"] for x in mon} == {"h0", "h1"} and all(x["ranks"] == 2 for x in mon)
+    assert [x["reported"] for x in mon[-2:]] == [2, 2]
+    assert {(x["host"], p["ps"]) for x in mon for p in x["ps"]} == {("h0", 0), ("h1", 1)}
+    assert all(x["workers"]["step_ms"] > 10 for x in mon if "workers" in x)
     assert [(w["host"], w["shm_ps"], w["rma_ps"]) for w in lay["workers"]] == [(0, [0], [1]), (1, [1], [0])]
     assert "layout: 2 hosts (h0: 2 ranks, 1 PS; h1: 2 ranks, 1 PS)" in r.stderr
     _assert_close_to_reference(tmp_path / "w.npz", sets)

@@ -29,15 +29,16 @@ LAYERS = [
     ("hpcps.metrics", []),
     ("hpcps.stopping", []),
     ("hpcps.config", ["hpcps.config", "hpcps.core"]),
+    ("hpcps.monitor", ["hpcps.monitor", "hpcps.core"]),
     ("hpcps.checkpoint", ["hpcps.checkpoint", "hpcps.core", "hpcps.errors", "hpcps._version"]),
-    ("hpcps.train", ["hpcps.train", "hpcps.context", "hpcps.sparse", "hpcps.dense", "hpcps.nn", "hpcps.nn_dynamic", "hpcps.nn_parts", "hpcps.models",
+    ("hpcps.train", ["hpcps.train", "hpcps.monitor", "hpcps.context", "hpcps.sparse", "hpcps.dense", "hpcps.nn", "hpcps.nn_dynamic", "hpcps.nn_parts", "hpcps.models",
                      "hpcps.data", "hpcps.checkpoint", "hpcps.config", "hpcps.metrics", "hpcps.stopping",
                      "hpcps.core", "hpcps.errors"]),
     ("hpcps.predict", ["hpcps.predict", "hpcps.train", "hpcps.context", "hpcps.nn", "hpcps.data", "hpcps.checkpoint",
                        "hpcps.config", "hpcps.metrics", "hpcps.core"]),
     ("hpcps.reference", ["hpcps.train", "hpcps.config", "hpcps.data", "hpcps.models", "hpcps.core"]),
     ("hpcps.demo", ["hpcps.context", "hpcps.sparse", "hpcps.optim", "hpcps.core"]),
-    ("hpcps.report", ["hpcps.metrics"]),
+    ("hpcps.report", ["hpcps.metrics", "hpcps.monitor.plots"]),
     ("hpcps.baseline", ["hpcps.data", "hpcps.metrics"]),
     ("hpcps.cli", ["hpcps"]),
     ("hpcps.__main__", ["hpcps.cli", "hpcps.stopping"]),
@@ -46,7 +47,8 @@ LAYERS = [
 PURE = ["hpcps", "hpcps.config", "hpcps.core.ids", "hpcps.core.sharding", "hpcps.core.optimizers",
         "hpcps.core.settings", "hpcps.core.layout", "hpcps.core.wait", "hpcps.core.malloc", "hpcps.core.process",
         "hpcps.core.inputs", "hpcps.core.hashindex", "hpcps.core.dynshard",
-        "hpcps.data", "hpcps.models", "hpcps.metrics", "hpcps.optim", "hpcps.stopping", "hpcps.baseline"]
+        "hpcps.data", "hpcps.models", "hpcps.metrics", "hpcps.optim", "hpcps.stopping", "hpcps.baseline",
+        "hpcps.monitor", "hpcps.monitor.probe", "hpcps.monitor.fields", "hpcps.monitor.rules", "hpcps.monitor.plots"]
 
 
 def _modules():

@@ -90,7 +90,7 @@ class Checkpointer(PsWriter):
             self._ps_start()
             self._mine[:] = -1
             self._win.sync()
-            ctx.add_service_hook(self._ps_poll)
+            ctx.add_service_hook(self._ps_poll, "checkpoint")
             if self.early:
                 # first: the cut sees no push of the step (a dynamic table applies its own in a hook)
                 ctx.control.before_apply.insert(0, self._ps_before_apply)

@@ -103,6 +103,22 @@ def _check_model(cfg: Config) -> None:
            m.dense_backend, f"{m.dense_backend} all-reduces CPU tensors; use auto or nccl with model.device = cuda")
 
 
+def _check_monitor(cfg: Config) -> None:
+    """The ``metrics.every`` and ``[monitor]`` checks of :func:`validate`."""
+    mon = cfg.monitor
+    _check(cfg.metrics.every >= 0 and math.isfinite(cfg.metrics.every), "metrics.every", cfg.metrics.every,
+           "must be seconds >= 0 (0: no monitor)")
+    for key in ("memory", "ps_busy", "ps_wait"):
+        v = getattr(mon, key)
+        _check(0 < v <= 1, f"monitor.{key}", v, "must be a share in (0, 1]")
+    for key in ("disk_checkpoints", "straggler", "silent"):
+        v = getattr(mon, key)
+        _check(v > 0 and math.isfinite(v), f"monitor.{key}", v, "must be > 0")
+    _check(mon.node_memory_mb >= 0, "monitor.node_memory_mb", mon.node_memory_mb, "must be >= 0 (0: the node's)")
+    _check(mon.on_alert in ("log", "checkpoint_and_stop"), "monitor.on_alert", mon.on_alert,
+           "must be log or checkpoint_and_stop")
+
+
 def validate(cfg: Config) -> None:
     """Raise ``ValueError`` naming the first bad setting. Local."""
     j, d, m = cfg.job, cfg.data, cfg.model
@@ -112,6 +128,7 @@ def validate(cfg: Config) -> None:
         _check(importlib.util.find_spec("tensorboard") is not None, "metrics.tensorboard", cfg.metrics.tensorboard,
                "needs the tensorboard package (pip install tensorboard, or the project's extra: pip install "
                "-e '.[tensorboard]')")
+    _check_monitor(cfg)
     try:
         parse_mode(j.mode)
     except ValueError as e:

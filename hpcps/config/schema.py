@@ -173,6 +173,20 @@ class MetricsConfig:
     path: str = ""              # JSONL file ("" = none)
     progress: bool = True       # worker 0: a tqdm bar on a terminal, a line every 5% in a batch log
     tensorboard: str = ""       # a directory: the records' figures as TensorBoard scalars (needs tensorboard)
+    every: float = 10.0         # seconds between the monitor's samples of every rank (0: no monitor)
+
+
+@dataclass
+class MonitorConfig:
+    # the alert rules (hpcps.monitor), judged every metrics.every seconds on the first worker
+    memory: float = 0.9         # a host's memory in use over this share of what it has
+    node_memory_mb: int = 0     # what a host has for the job (0: the cgroup's limit, else the node's memory)
+    disk_checkpoints: float = 2.0  # free space under this many checkpoints' worth
+    ps_busy: float = 0.9        # a PS busy over this share of the time ...
+    ps_wait: float = 0.3        # ... while the workers wait on it over this share of their step
+    straggler: float = 1.5      # a host's own work per step over this many times the median host's
+    silent: float = 3.0         # a rank that has not reported for this many metrics.every
+    on_alert: str = "log"       # log | checkpoint_and_stop (exit 85, for a restart with the suggested layout)
 
 
 @dataclass
@@ -184,6 +198,7 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

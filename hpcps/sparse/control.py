@@ -74,6 +74,7 @@ class StepControl:
         self.step = 0                    # worker: current step; PS: steps applied
         self.staleness: list[int] = []   # worker, ssp/async: t - slowest clock at begin(t)
         self.wait_seconds = 0.0
+        self.wait_by_ps = np.zeros(ctx.num_ps)      # worker: seconds waiting for each PS's applies (fences)
         self.before_apply = []           # PS, sync: called before each step's apply (checkpoint cuts)
         self.on_end = []                 # worker: called with the step at each end(), before it is counted
         self.before_publish = []         # PS, async/ssp: called with the step-end count before a publish
@@ -108,7 +109,8 @@ class StepControl:
         return out
 
     def _wait_applied(self, step: int) -> None:
-        for rank in self.ctx.ps_world_ranks:
+        for p, rank in enumerate(self.ctx.ps_world_ranks):
+            t0 = time.perf_counter()
             view = self._views.get(rank) if self.bells else None
             word = view.ctypes.data + 8 if view is not None else None     # asleep until the PS publishes
             misses, started = 0, time.monotonic()
@@ -116,6 +118,7 @@ class StepControl:
                 misses += 1
                 _wait.pause(misses, word, applied)
                 _wait.overdue(started, misses, lambda: self._stall_report(rank, step, applied))
+            self.wait_by_ps[p] += time.perf_counter() - t0
 
     def _stall_report(self, rank: int, step: int, applied: int) -> str:
         """Who holds up step ``step``: the workers that have not finished it, or the PS. Local (one-sided)."""

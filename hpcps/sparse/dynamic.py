@@ -118,7 +118,7 @@ class DynamicEmbeddingTable(DynamicCheckpointable, DynamicReceiving):
             self._worker_of = {r: w for w, r in enumerate(ctx.worker_world_ranks)}
             self._ended = np.full(ctx.num_workers, -1, np.int64)    # async/ssp: each worker's last END
             self._fins, self._finished = 0, set()
-            ctx.add_service_hook(self._serve)
+            ctx.add_service_hook(self._serve, "serve")
             ctx.control.before_apply.append(self._apply_step)
             self._ends = 0                                    # async/ssp: END messages taken
             ctx.control.before_publish.append(self._drain_ends)    # async/ssp: a fence holds every push

@@ -263,4 +263,5 @@ def apply_staged(ctx, tables, step: int, stamp: int | None = None) -> int:
         if got is not None:
             t.apply(*got, step, stamp)
             rows += got[0].size
+    ctx.rows_applied += rows
     return rows

@@ -11,6 +11,7 @@ from ..config import AUTO_EPOCHS, Config, build_sparse_optimizer, resolve_switch
 from ..core.optimizers import LRSchedule
 from ..core.settings import parse_mode
 from ..dense.optim import make_dense_optimizer
+from ..monitor.probe import mem_available
 from ..models import PARTS, StackedLookup, get_kind
 from ..nn import ShardedEmbeddingCollection
 from ..nn_dynamic import DynamicEmbeddingCollection
@@ -19,7 +20,7 @@ from ..sparse import EmbeddingTable
 from ..sparse.dynamic import DynamicEmbeddingTable
 from .best import default_metric
 
-__all__ = ["check_model_kind", "check_table_memory", "total_steps", "table_specs", "table_parts", "tables_by_part", "dynamic_capacity", "fused_tables", "FUSED_TABLE", "dense_optimizer", "dense_schedule",
+__all__ = ["check_model_kind", "check_table_memory", "shard_bytes", "total_steps", "table_specs", "table_parts", "tables_by_part", "dynamic_capacity", "fused_tables", "FUSED_TABLE", "dense_optimizer", "dense_schedule",
            "build_model", "make_lookups", "make_tables", "pipeline_switches", "resolve_local_full_every",
            "resolve_auto_epochs"]
 
@@ -105,18 +106,23 @@ def part_optimizer(cfg: Config, part: str, steps: int):
     return build_sparse_optimizer(sec, steps)
 
 
-def shard_bytes(cfg: Config, data, steps: int, num_ps: int) -> int:
-    """About the bytes one PS holds of rows and optimizer state (float32), from the config: the
-    tables' rows (a dynamic table's capacity) over the PS ranks. Local; alike on every rank."""
+def _table_sizes(cfg: Config, data) -> list:
+    """``[(rows, dim, part)]`` of the job's tables (a dynamic table's capacity), from the config. Local."""
     if cfg.model.dynamic_tables:
-        tables = [(dynamic_capacity(cfg, data), cfg.model.dim, "deep")]
-    else:
-        tables = [(rows, dim, part) for part, specs in table_parts(cfg, data) for _, rows, dim, _, _ in specs]
+        return [(dynamic_capacity(cfg, data), cfg.model.dim, "deep")]
+    return [(rows, dim, part) for part, specs in table_parts(cfg, data) for _, rows, dim, _, _ in specs]
+
+
+def shard_bytes(cfg: Config, data, steps: int, num_ps: int, staging: bool = False) -> int:
+    """About the bytes one PS holds of rows and optimizer state (float32), from the config: the
+    tables' rows (a dynamic table's capacity) over the PS ranks; what a checkpoint of it writes.
+    ``staging``: with the staged gradients of a PS that applies a stateful optimizer (a copy of
+    the rows' size). Local; alike on every rank."""
     total = 0
-    for rows, dim, part in tables:
+    for rows, dim, part in _table_sizes(cfg, data):
         opt = part_optimizer(cfg, part, steps)
         state = sum(int(np.prod(shape[1:], dtype=np.int64)) for shape in opt.state_shapes(1, dim).values())
-        total += rows * (dim + state) * 4
+        total += rows * (dim * (2 if staging and opt.stateful else 1) + state) * 4
     return -(-total // max(num_ps, 1))
 
 
@@ -235,18 +241,6 @@ def _column_rows(cfg: Config) -> int:
     return cfg.data.rows_per_table if cfg.data.format == "synthetic-ctr" else cfg.data.hash_rows
 
 
-def _mem_available() -> int | None:
-    """This node's available memory in bytes (``/proc/meminfo``), or None where unknown. Local."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
 def _gib(n: float) -> str:
     return f"{n / 2**40:.1f} TiB" if n >= 2**40 else f"{n / 2**30:.1f} GiB"
 
@@ -255,20 +249,11 @@ def check_table_memory(cfg: Config, ctx, data, steps: int) -> None:
     """What the tables take on each PS rank (rows, optimizer state, the staging copy of a PS that
     applies) times this node's PS ranks, against the memory the node has available: a
     ``ValueError`` saying both, before anything is allocated. Local (alike on a node's ranks)."""
-    avail = _mem_available()
+    avail = mem_available()
     ps_here = len(set(ctx.node_ranks) & set(ctx.ps_world_ranks))
     if avail is None or not ps_here:
         return
-    if cfg.model.dynamic_tables:
-        tables = [(dynamic_capacity(cfg, data), cfg.model.dim, part_optimizer(cfg, "deep", steps))]
-    else:
-        tables = [(rows, dim, part_optimizer(cfg, part, steps)) for part, specs in table_parts(cfg, data)
-                  for _, rows, dim, _, _ in specs]
-    per_ps = 0
-    for rows, dim, opt in tables:
-        r = -(-rows // ctx.num_ps)
-        state = sum(int(np.prod(shape)) for shape in opt.state_shapes(r, dim).values())
-        per_ps += 4 * (r * dim * (2 if opt.stateful else 1) + state)
+    per_ps = shard_bytes(cfg, data, steps, ctx.num_ps, staging=True)
     if per_ps * ps_here > avail:
         raise ValueError(f"config: the tables need {_gib(per_ps * ps_here)} of memory on this host ({ps_here} PS "
                          f"rank(s) x {_gib(per_ps)}: rows, optimizer state, staging) and it has {_gib(avail)} available: "

@@ -19,10 +19,11 @@ from ..data import make_data
 from ..data.loader import BatchAhead, placement
 from ..data.loader import supported as loader_supported
 from ..models import get_kind
+from ..monitor.monitor import Monitor
 from ..nn import IdPlan
 from ..stopping import StopRequest
 from .best import stopped_early
-from .build import check_model_kind, make_tables, pipeline_switches, resolve_auto_epochs, resolve_local_full_every, total_steps
+from .build import check_model_kind, make_tables, shard_bytes, pipeline_switches, resolve_auto_epochs, resolve_local_full_every, total_steps
 from .layout import backend_name, gather_layout, layout_line
 from .recovery import load_level, open_checkpointer, record_start
 from .telemetry import peak_rss
@@ -65,6 +66,9 @@ def train(cfg: Config) -> dict | None:
         pipe = pipeline_switches(cfg, ctx)
         tables = make_tables(cfg, ctx, data, steps, pipe)
         layout = gather_layout(ctx, tables)            # on the first worker
+        monitor = None
+        if cfg.metrics.every > 0:                      # collective: the board's window
+            monitor = Monitor(cfg, ctx, ctx.num_ps * shard_bytes(cfg, data, steps, ctx.num_ps))
         stop = StopRequest(cfg.checkpoint.dir)
         if ctx.is_ps:                                  # a signal to a PS alone: the workers see it
             ctx.add_service_hook(lambda: stop.flag and ctx.control.note_stop())
@@ -95,7 +99,7 @@ def train(cfg: Config) -> dict | None:
         else:
             loader = _loader(cfg, ctx, data, start, steps, tables)
             with loader or contextlib.nullcontext():
-                worker = Worker(cfg, ctx, data, tables, steps, start, resume_from, ckpt, stop, pipe, loader)
+                worker = Worker(cfg, ctx, data, tables, steps, start, resume_from, ckpt, stop, pipe, loader, monitor)
                 if layout is not None:
                     layout["dense"] = backend_name(worker.dense)
                     logger.info("hpcps: layout: %s", layout_line(layout))

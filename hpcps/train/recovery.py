@@ -276,6 +276,7 @@ class CheckpointTrigger:
         self.control = control          # the step protocol, for a stop asked of a PS rank
         self.meta = lambda step: {}     # what the checkpoint at a step adds to its manifest (worker 0's view)
         self.last_time, self.last_step, self.stopped = time.time(), start, False
+        self.alert = None               # worker 0: the alert that asks to stop (monitor.on_alert)
         self._flags = np.zeros(3, np.int64)
         self._req = None
         self.local_due = False          # a node-local checkpoint fell due and is not taken yet
@@ -283,6 +284,8 @@ class CheckpointTrigger:
 
     def _asked_here(self) -> bool:
         """A stop asked of this worker (a signal, the STOP file), or, seen by worker 0, of a PS. Local."""
+        if self.lead and self.alert is not None:
+            return True
         return self.stop.requested() or (self.lead and self.control is not None and self.control.ps_asked_to_stop())
 
     def _agreed(self) -> np.ndarray:
@@ -350,6 +353,8 @@ class CheckpointTrigger:
         file it stopped on (left there, it would stop the next run after its first step). Local."""
         stop_file = self.stop.stop_file
         why = f"the file {stop_file}" if stop_file is not None and stop_file.exists() else "a signal"
+        if self.alert is not None:
+            why = f"monitor.on_alert = checkpoint_and_stop, after the {self.alert['rule']} alert"
         if stop_file is not None:
             stop_file.unlink(missing_ok=True)
         logger.warning("hpcps: stop requested (%s): checkpoint of step %d committed in %s; exiting with code 85 "

@@ -115,6 +115,7 @@ class Telemetry:
     def __init__(self, tables, embs, num_ps: int, batch_size: int, start: int):
         self.tables, self.embs, self.num_ps, self.batch_size = tables, embs, num_ps, batch_size
         self.timing = dict.fromkeys(PHASES, 0.0)
+        self.spent = dict.fromkeys(PHASES, 0.0)     # the same over the whole run (the monitor's figures)
         self.stale_counts = {}
         self.totals = {}                    # pipeline counts over the whole run
         self.last_step, self.last_t = start, time.perf_counter()
@@ -128,9 +129,18 @@ class Telemetry:
         """One step's phase times, staleness seen, summed loss and samples. Local."""
         for k, v in times.items():
             self.timing[k] += v
+            self.spent[k] += v
         self.stale_counts[stale] = self.stale_counts.get(stale, 0) + 1
         self.loss_acc += loss
         self.n_acc += samples
+
+    def monitor_figures(self, steps_done: int, control) -> tuple:
+        """``(steps done, seconds waiting on others, of which for pulls and pushes, seconds of fence
+        wait on each PS, bytes pulled from and pushed to each PS)`` over the whole run, for
+        :class:`hpcps.monitor.monitor.Monitor`. Local."""
+        sp = self.spent
+        return (steps_done, sp["idle"] + sp["pull"] + sp["push"] + sp["dense_allreduce"], sp["pull"] + sp["push"],
+                control.wait_by_ps.copy(), [sum(t.traffic.bytes_per_ps[p] for t in self.tables) for p in range(self.num_ps)])
 
     def record(self, step: int, stale: int) -> dict:
         """The metrics record of the steps since the last one (``step`` steps done), and reset. Local."""

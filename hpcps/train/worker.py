@@ -62,7 +62,7 @@ class Worker:
     """One worker's model, optimizers and loop. Made and run collectively over the worker communicator."""
 
     def __init__(self, cfg, ctx, data, tables, steps: int, start: int = 0, resume_from=None, ckpt=None,
-                 stop=None, pipe=None, loader=None):
+                 stop=None, pipe=None, loader=None, monitor=None):
         self.cfg, self.ctx, self.data, self.tables = cfg, ctx, data, tables
         self.steps, self.start, self.loader = steps, start, loader
         self.W, self.comm = ctx.num_workers, ctx.worker_comm
@@ -109,6 +109,12 @@ class Worker:
             self.bar = progress_bar(steps, start)     # a tqdm bar on a terminal, plain lines in a log
         self.telemetry = Telemetry(tables, self.embs, ctx.num_ps, cfg.data.batch_size, start)
         self.draw = loader.train_batch if loader is not None else data.train_batch
+        self.monitor = monitor
+        if monitor is not None:
+            monitor.figures = lambda: self.telemetry.monitor_figures(self._done, ctx.control)
+            if self.lead:
+                monitor.attach(self.log, self._on_alert, ckpt)
+        self._done = start
         # data.trace (a testing aid): the first dense feature of every batch this worker trains
         self.trace = open(f"{cfg.data.trace}.{ctx.worker_rank}", "a") if cfg.data.trace else None
         self.next_batch = None
@@ -254,7 +260,8 @@ class Worker:
                 self.eval_post = {f"eval_{k}": f"{v:.4f}" for k, v in rec["eval"].items()
                                   if k in ("auc", "logloss", "rmse", "mae")}
         if self.bar is not None:
-            self.bar.set_postfix({**post, **self.eval_post}, refresh=False)
+            self.bar.set_postfix({**post, **self.eval_post, **(self.monitor.post if self.monitor else {})},
+                                 refresh=False)
         self.log.write(rec)
         if improved and self.evals.keep:                  # the best so far: kept as a checkpoint
             self.trigger.save(done, self.model, self.opt, self.log)
@@ -277,8 +284,13 @@ class Worker:
         with logging_redirect_tqdm() if on_bar else contextlib.nullcontext():
             for step in range(start, steps):
                 self.step(step)
+                self._done = step + 1
+                if self.monitor is not None:
+                    self.monitor.tick(step + 1)
                 if self._after_step(step):
                     break
+        if self.monitor is not None:
+            self.monitor.finish()
         for e in self.embs:                                # a prefetch no step will use must still end
             e.discard_prefetch()
         self.comm_thread.close()
@@ -312,6 +324,11 @@ class Worker:
             return None, None
         return {**self._summary(result, done_steps, elapsed, all_stale), "exported": exported}, self.log
 
+    def _on_alert(self, alert: dict) -> None:
+        # monitor.on_alert = checkpoint_and_stop: the workers agree on it as on a stop request
+        if self.trigger.alert is None:
+            self.trigger.alert = alert
+
     def _summary(self, result: dict, done_steps: int, elapsed: float, all_stale) -> dict:
         ctx = self.ctx
         flat = [s for part in all_stale for s in part]
@@ -319,6 +336,8 @@ class Worker:
         stop = {"stopped": self.trigger.stopped}           # and, after a stop, whether it checkpointed first
         if self.trigger.stopped:
             stop["saved"] = self.trigger.ckpt is not None
+            if self.trigger.alert is not None:
+                stop["stopped_by_alert"] = self.trigger.alert["rule"]
         return {**result, "steps": done_steps, "start_step": self.start, **stop,
                 **self.trigger.summary(),
                 "samples_per_s": ran * self.cfg.data.batch_size / max(elapsed, 1e-9),
@@ -329,5 +348,6 @@ class Worker:
                 "best": self.evals.summary(), "evaluations": self.evals.count,
                 **({"dynamic_table": self.table_stats} if self.table_stats is not None else {}),
                 "early_stopped": self.evals.stopped_early,
+                **({"alerts": self.monitor.raised} if self.monitor is not None else {}),
                 "pipeline": pipeline_summary(self.cfg.pipeline, self.pipe, self.comm_thread, self.embs,
                                              self.telemetry.totals, self.loader)}

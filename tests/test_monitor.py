@@ -1,0 +1,153 @@
+"""The monitor (issue 41): per-host records, the alert rules, on_alert = checkpoint_and_stop and
+its restart with the suggested layout; the rules' arithmetic on made-up boards."""
+
+import json
+import subprocess
+import types
+
+import numpy as np
+import pytest
+
+from hpcps.monitor.fields import FIELDS, PS, WORKER, at, per_ps
+from hpcps.monitor.rules import host_records, judge, suggest_num_ps
+from mpirun import ROOT, run_mpi
+
+TINY = ROOT / "tests" / "configs" / "tiny_ctr.toml"
+MON = types.SimpleNamespace(memory=0.9, node_memory_mb=0, disk_checkpoints=2.0, ps_busy=0.9, ps_wait=0.3,
+                            straggler=1.5, silent=3.0, on_alert="log")
+
+
+def _records(path):
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+def _mount_small(where, mb: int) -> bool:
+    """A tmpfs of ``mb`` MB at ``where`` (root only); False where it cannot be mounted."""
+    where.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={mb}m", "tmpfs", str(where)], capture_output=True)
+    return r.returncode == 0
+
+
+@pytest.mark.openmpi
+def test_an_overloaded_ps_raises_an_alert_and_stops_for_a_restart_with_more_ps(tmp_path):
+    """A PS whose applies take 30 ms more (1 PS + 2 workers, sync): ALERT naming the PS, its rank and
+    host, and --set job.num_ps=2. on_alert = checkpoint_and_stop: a checkpoint, exit 85; the restart
+    with the suggested layout trains to the end with no PS alert."""
+    ck, m = tmp_path / "ck", tmp_path / "m.jsonl"
+    sets = ["--config", TINY, "--set", f"checkpoint.dir={ck}", "--set", "metrics.every=0.3", "--set",
+            f"metrics.path={m}", "--set", "job.steps=400"]
+    r = run_mpi(3, ["monitor_cases.py", "slow_ps", *sets, "--set", "monitor.on_alert=checkpoint_and_stop"],
+                timeout=180, check=False)
+    assert r.returncode == 85, r.stderr[-3000:]
+    alerts = [x for x in r.stderr.splitlines() if "hpcps: ALERT" in x]
+    assert len(alerts) == 1 and "PS overloaded: PS 0 (rank 2, host" in alerts[0], alerts
+    assert "--set job.num_ps=2" in alerts[0]
+    assert "monitor.on_alert = checkpoint_and_stop, after the ps_overloaded alert" in r.stderr
+    recs = _records(m)
+    final = recs[-1]["final"]
+    assert final["stopped"] and final["saved"] and final["stopped_by_alert"] == "ps_overloaded"
+    assert [a["alert"] for a in final["alerts"]] == ["ps_overloaded"] and final["alerts"][0]["suggest_num_ps"] == 2
+    assert final["steps"] < 400 and (ck / "STOPPED").exists()
+    assert max(p["busy"] for x in recs if "monitor" in x for p in x["ps"]) > 0.9
+    r = run_mpi(3, ["monitor_cases.py", "plain", *sets, "--set", "job.num_ps=2"], timeout=180)
+    final = json.loads(r.stdout.splitlines()[-1])["final"]
+    assert final["steps"] == 400 and final["num_ps"] == 2 and not final["stopped"] and final["alerts"] == []
+
+
+def test_a_growing_rank_and_a_small_disk_raise_alerts_and_the_report_plots_hosts_and_ps(tmp_path):
+    """Worker 0 grows by 4 MB a step against monitor.node_memory_mb = 1500: an ALERT naming rank 0,
+    its resident memory and how fast it grows. checkpoint.dir on a 12 MB filesystem, under two
+    checkpoints' worth of the tables (7.7 MB each): a disk alert. The run goes on (on_alert = log).
+    hpcps report then draws each host's CPU and memory and each PS's busy share over time."""
+    small = tmp_path / "small"
+    mounted = _mount_small(small, 12)
+    env = {} if mounted else {"HPCPS_TEST_DISK_FREE": str(12e6)}
+    m = tmp_path / "m.jsonl"
+    try:
+        r = run_mpi(2, ["monitor_cases.py", "growing", "--config", TINY, "--set", "job.steps=400", "--set",
+                        "job.step_delay=0.01", "--set", "metrics.every=0.3", "--set", f"metrics.path={m}", "--set",
+                        "monitor.node_memory_mb=1500", "--set", "data.rows_per_table=20000", "--set", "model.dim=16",
+                        "--set", f"checkpoint.dir={small / 'ck'}"], env=env, timeout=180)
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(small)], check=False)
+    alerts = [x for x in r.stderr.splitlines() if "hpcps: ALERT" in x]
+    mem = [x for x in alerts if "memory: host" in x]
+    assert len(mem) == 1 and "rank 0 holds the most" in mem[0] and "MB/min" in mem[0], alerts
+    disk = [x for x in alerts if "disk: checkpoint.dir" in x]
+    assert len(disk) == 1 and "under 2 checkpoints (15.4 MB)" in disk[0], alerts
+    recs = _records(m)
+    used = [x["mem_used_mb"] for x in recs if "monitor" in x]
+    assert used[-1] > 1350 > used[0], used
+    final = recs[-1]["final"]
+    assert final["steps"] == 400 and sorted(a["alert"] for a in final["alerts"]) == ["disk", "memory"]
+    out = tmp_path / "report"
+    subprocess.run([str(ROOT / ".venv" / "bin" / "python"), "-m", "hpcps", "report", str(m), "--out", str(out)],
+                   check=True, capture_output=True, timeout=120)
+    assert (out / "hosts.png").stat().st_size > 5000 and (out / "ps_busy.png").stat().st_size > 5000
+    summary = (out / "summary.md").read_text()
+    assert "ALERT at step" in summary and "memory: host" in summary
+
+
+def _board(n: int, num_ps: int) -> np.ndarray:
+    rows = np.full((n, len(FIELDS) + 2 * num_ps), np.nan)
+    rows[:, at("seq")] = 1
+    return rows
+
+
+def _set(rows, r, **kw):
+    for k, v in kw.items():
+        if k in ("wait_ps", "bytes_ps"):
+            rows[r, per_ps(k, (rows.shape[1] - len(FIELDS)) // 2)] = v
+        else:
+            rows[r, at(k)] = v
+
+
+def test_a_straggler_host_and_a_silent_rank_are_named():
+    """Four hosts of one PS and one worker each: the worker on host 3 works 3x as long a step as the
+    others (a straggler); a rank whose row stopped is silent. Nothing else alerts."""
+    rows = _board(8, 4)
+    host_of = [0, 0, 1, 1, 2, 2, 3, 3]
+    names = ["a", "b", "c", "d"]
+    ps_ranks = [0, 2, 4, 6]
+    for r in range(8):
+        _set(rows, r, rss=3e8, mem_used=4e9, mem_limit=16e9, cpu_proc=0.9, cpu_node=0.5)
+        if r in ps_ranks:
+            _set(rows, r, role=PS, busy=0.3, apply=0.3, rows_s=1e5)
+        else:
+            _set(rows, r, role=WORKER, steps=100, step_s=0.012, compute_s=0.004 if r != 7 else 0.012,
+                 rpc_s=0.001, wait_ps=[0.001] * 4)
+    hosts = host_records(rows, host_of, names, ps_ranks)
+    assert [h["host"] for h in hosts] == names and hosts[3]["workers"]["compute_ms"] == 12.0
+    alerts = judge(rows, hosts, host_of, names, ps_ranks, MON, {}, [(5, 40.0)])
+    assert [(a["rule"], a["rank"], a["host"]) for a in alerts] == [("straggler", 7, "d"), ("silent", 5, "c")]
+    assert "3.0x the median host's 4.0 ms" in alerts[0]["message"]
+
+
+def test_the_overload_rule_needs_both_a_busy_ps_and_waiting_workers_and_sizes_the_layout():
+    rows = _board(4, 2)
+    host_of, names, ps_ranks = [0, 0, 0, 0], ["h"], [0, 1]
+    _set(rows, 0, role=PS, busy=0.97, apply=0.95, rows_s=1e6)
+    _set(rows, 1, role=PS, busy=0.5, apply=0.5, rows_s=5e5)
+    for r in (2, 3):
+        _set(rows, r, role=WORKER, steps=10, step_s=0.01, compute_s=0.003, rpc_s=0.0, wait_ps=[0.005, 0.0],
+             bytes_ps=[2e6, 1e6])
+    hosts = host_records(rows, host_of, names, ps_ranks)
+    assert [(p["ps"], p["busy"], p["mb_s"]) for p in hosts[0]["ps"]] == [(0, 0.97, 4.0), (1, 0.5, 2.0)]
+    alerts = judge(rows, hosts, host_of, names, ps_ranks, MON, {}, [])
+    assert [(a["rule"], a["rank"], a["suggest_num_ps"]) for a in alerts] == [("ps_overloaded", 0, 3)]
+    assert "--set job.num_ps=3 (and 1 more ranks to keep the workers)" in alerts[0]["message"]
+    _set(rows, 2, wait_ps=[0.001, 0.0])
+    _set(rows, 3, wait_ps=[0.001, 0.0])          # busy, but the workers hardly wait: no alert
+    assert judge(rows, host_records(rows, host_of, names, ps_ranks), host_of, names, ps_ranks, MON, {}, []) == []
+    assert suggest_num_ps([0.95, 0.95, 0.95], 3) == 5 and suggest_num_ps([0.95, 0.95, 0.9], 3) == 4 and suggest_num_ps([0.2], 1) == 2
+
+
+@pytest.mark.parametrize("key,value,msg", [("metrics.every", "-1", "must be seconds >= 0"),
+                                           ("monitor.memory", "1.5", "must be a share in (0, 1]"),
+                                           ("monitor.on_alert", "stop", "must be log or checkpoint_and_stop")])
+def test_monitor_settings_are_checked(key, value, msg):
+    from hpcps.config import load_config
+    with pytest.raises(ValueError, match=f"{key}.*{msg}".replace("(", r"\(").replace(")", r"\)")
+                       .replace("[", r"\[").replace("]", r"\]")):
+        load_config(None, [f"{key}={value}"], environ={})
