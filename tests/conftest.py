@@ -24,7 +24,7 @@ mpirun.SKIP_MALLOC_TUNE = True   # a test's few steps do not need glibc's tcache
 LONGEST_FIRST = ["test_slurm_hosts.py", "test_scripts.py", "test_checkpoint_mpi.py", "test_tables_mpi.py",
                  "test_train_mpi.py", "test_slurm.py", "test_hosts.py", "test_predict.py", "test_failures.py",
                  "test_dynamic_mpi.py", "test_abuse_runs.py", "test_deterministic_mpi.py", "test_dynamic_train.py",
-                 "test_evaluation.py", "test_abuse.py", "test_cli.py"]
+                 "test_evaluation.py", "test_monitor.py", "test_abuse.py", "test_cli.py"]
 
 
 def pytest_collection_modifyitems(session, config, items):

@@ -85,6 +85,8 @@ def test_chained_jobs_resume_one_after_another_and_a_finished_one_exits_at_once(
     ck, metrics = tmp_path / "ck", tmp_path / "m.jsonl"
     out = tmp_path / "w.npz"
     env = slurm.job_env(ck, HPCPS_STEP_DELAY=0.2, HPCPS_JOB_NAME=f"chain-{os.getpid()}")
+    ck.mkdir()                    # as an overloaded-PS alert leaves it (tests/test_monitor.py): every run follows it
+    (ck / "LAYOUT").write_text(json.dumps({"job.num_ps": 2, "step": 0, "alert": "PS overloaded: ..."}) + "\n")
     r = subprocess.run([ROOT / "slurm" / "chain.sh", "3", f"--output={tmp_path}/chain-%j.log", "--ntasks-per-node=4",
                         "--time=10", "--", "--set", *SETS, "job.steps=40", f"metrics.path={metrics}",
                         "job.log_every=1", f"job.export={out}"],
@@ -101,6 +103,7 @@ def test_chained_jobs_resume_one_after_another_and_a_finished_one_exits_at_once(
     assert "resuming from" in logs[1] and "training finished" in logs[1]
     third = [json.loads(l)["final"] for l in logs[2].splitlines() if l.startswith('{"final"')][-1]
     assert third["start_step"] == third["steps"] == 40           # nothing left: it only evaluated
+    assert third["num_ps"] == 2 and all("following" in log and "job.num_ps=2" in log for log in logs)
     assert all(int(i["Restarts"]) == 0 for i in infos) and out.exists()
 
 

@@ -237,12 +237,22 @@ def _drop_local_after(cfg: Config, ctx, step: int) -> None:
         ctx.node_comm.Barrier()
 
 
-def _record_stop(root: Path, step: int) -> None:
+def _record_stop(root: Path, step: int, alert: dict | None = None) -> None:
     """Worker 0, after a stop's checkpoint committed: ``<dir>/STOPPED`` says so (step, time, Slurm
-    job), for a batch script that sees the ranks' exit codes mixed with srun's signals."""
-    text = json.dumps({"step": step, "time": time.time(), "slurm_job": os.environ.get("SLURM_JOB_ID")})
-    ckpt_mod.store.write_new(root / "STOPPED.tmp", text + "\n")
-    os.replace(root / "STOPPED.tmp", root / "STOPPED")
+    job, the alert that stopped it), for a batch script that sees the ranks' exit codes mixed with
+    srun's signals. An alert that suggests a layout also writes ``<dir>/LAYOUT`` (``{"job.num_ps":
+    N, "alert": ...}``), which ``slurm/train.sbatch`` follows on every later run."""
+    record = {"step": step, "time": time.time(), "slurm_job": os.environ.get("SLURM_JOB_ID")}
+    if alert is not None:
+        record["alert"] = alert
+    _write_json(root, "STOPPED", record)
+    if alert is not None and alert.get("suggest_num_ps"):
+        _write_json(root, "LAYOUT", {"job.num_ps": alert["suggest_num_ps"], "step": step, "alert": alert["message"]})
+
+
+def _write_json(root: Path, name: str, record: dict) -> None:
+    ckpt_mod.store.write_new(root / f"{name}.tmp", json.dumps(record) + "\n")
+    os.replace(root / f"{name}.tmp", root / name)
 
 
 def record_start(cfg: Config, world: MPI.Comm) -> None:
@@ -342,7 +352,7 @@ class CheckpointTrigger:
             self.stopped = True
             ckpt.wait_commit()
             if self.lead:
-                _record_stop(Path(c.dir), step + 1)
+                _record_stop(Path(c.dir), step + 1, self.alert)
                 self._consume_stop_file(step + 1)
         else:                      # after the save: a checkpoint just taken resets the clock
             self._flag(self.lead and c.every_seconds > 0 and time.time() - self.last_time >= c.every_seconds)

@@ -2,7 +2,7 @@
 monitor_cases.py CASE ARGS... (``hpcps train``'s arguments). CASE:
 
 - ``slow_ps``: every apply of the PS takes 30 ms longer (an overloaded PS);
-- ``growing``: worker 0 holds 4 MB more after each step, up to 1.6 GB (a leak);
+- ``growing``: worker 0 holds 8 MB more after each step, up to 1.2 GB (a leak);
 - ``plain``: nothing changed.
 
 ``$HPCPS_TEST_DISK_FREE`` (bytes): the free space the monitor sees in every directory (where the
@@ -34,8 +34,8 @@ elif case == "growing":
 
     def growing_step(self, i):
         step(self, i)
-        if self.ctx.worker_rank == 0 and len(held) < 400:
-            held.append(np.ones(1 << 19))               # 4 MB, its pages touched
+        if self.ctx.worker_rank == 0 and len(held) < 150:
+            held.append(np.ones(1 << 20))               # 8 MB, its pages touched
     worker.Worker.step = growing_step
 elif case != "plain":
     raise SystemExit(f"unknown case {case!r}")
