@@ -50,9 +50,14 @@ def host_records(rows: np.ndarray, host_of: list, host_names: list, ps_ranks: li
     from and pushed to it, and the workers' worst step, own-work and wait figures. ``growth``: bytes per second
     each rank's resident memory grew. Local, pure."""
     seen = _col(rows, "seq") > 0
+    served = _served(rows, len(ps_ranks))
+    ps_index = {r: p for p, r in enumerate(ps_ranks)}
+    by_host = [[] for _ in host_names]
+    for r, h in enumerate(host_of):
+        by_host[h].append(r)
     out = []
     for h, name in enumerate(host_names):
-        every = [r for r, hh in enumerate(host_of) if hh == h]
+        every = by_host[h]
         ranks = [r for r in every if seen[r]]
         if not ranks:
             continue
@@ -70,9 +75,8 @@ def host_records(rows: np.ndarray, host_of: list, host_names: list, ps_ranks: li
                "local_free_mb": _mb(_min(_col(sub, "local_free")))}
         if growth is not None:
             rec["rss_max_growth_mb_min"] = _num(60 * growth[big] / _MB, 1)
-        served = _served(rows, len(ps_ranks))
-        rec["ps"] = [{"ps": ps_ranks.index(r), "rank": r, **{k: _num(rows[r, at(k)]) for k in SHARES},
-                      "rows_s": _num(rows[r, at("rows_s")], 0), "mb_s": _num(served[ps_ranks.index(r)] / _MB, 2)}
+        rec["ps"] = [{"ps": ps_index[r], "rank": r, **{k: _num(rows[r, at(k)]) for k in SHARES},
+                      "rows_s": _num(rows[r, at("rows_s")], 0), "mb_s": _num(served[ps_index[r]] / _MB, 2)}
                      for r in ranks if rows[r, at("role")] == PS]
         wk = [r for r in ranks if rows[r, at("role")] == WORKER and rows[r, at("steps")] > 0]
         if wk:
