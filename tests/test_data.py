@@ -170,14 +170,37 @@ def test_guide_table_draws_the_ids_a_binary_search_would(a, rows):
     """SyntheticCTR._inverse_cdf is searchsorted(cdf, u, "right") bit for bit: random draws, the
     CDF's own values and the doubles just below them (where a bucket's first candidate is wrong)."""
     d = SyntheticCTR(2, rows, 1, 8, 8, a, 0, 1, 0)
-    cdf = d._cdf
+    cdf = d._cdfs[rows][0]
     u = np.random.default_rng(rows).random((3, 50_000))
     u[0, :3] = [0.0, np.nextafter(1.0, 0.0), 0.5]
     edges = cdf[cdf < 1][:50_000]
     u[1, :edges.size], u[2, :edges.size] = edges, np.nextafter(edges, 0.0)
-    got = d._inverse_cdf(u)
+    got = d._inverse_cdf(u, rows)
     assert got.shape == u.shape
     np.testing.assert_array_equal(got, np.searchsorted(cdf, u, side="right"))
+
+
+def test_synthetic_tables_of_their_own_sizes_scaled_each_draw_from_its_own_zipf(monkeypatch):
+    """data.table_rows and data.scale (examples/large.toml): each table has its rows (rounded up,
+    at least 1) and its own wrapped Zipf distribution, CDF or numpy's sampler per size; the worker
+    slices still make the global batch."""
+    import hpcps.data.synthetic as syn
+    cfg = load_config(None, ["data.table_rows=[40000, 3, 500, 9000000]", "data.scale=0.5"], environ={}).data
+    assert syn.synthetic_rows(cfg) == [20000, 2, 250, 4500000]
+    assert syn.synthetic_rows(load_config(None, ["data.num_tables=2", "data.rows_per_table=7"], environ={}).data) == [7, 7]
+    monkeypatch.setattr(syn, "CDF_ROWS", 100_000)          # the 4.5M-row table: numpy's Zipf sampler
+    rows = syn.synthetic_rows(cfg)
+    whole = SyntheticCTR(0, 0, 2, 4096, 64, 1.2, 3, 1, 0, table_rows=rows).train_batch(1)
+    assert [int(s.max()) < r for s, r in zip(whole.sparse, rows)] == [True] * 4
+    for t in (0, 2):                                        # each table's ids follow its own distribution
+        cdf = syn.wrapped_zipf_cdf(1.2, rows[t])
+        assert abs(np.mean(whole.sparse[t] == 0) - cdf[0]) < 0.03
+    assert set(np.unique(whole.sparse[1])) == {0, 1}
+    parts = [SyntheticCTR(0, 0, 2, 4096, 64, 1.2, 3, 3, w, table_rows=rows).train_batch(1) for w in range(3)]
+    for t in range(4):
+        np.testing.assert_array_equal(np.concatenate([p.sparse[t] for p in parts]), whole.sparse[t])
+    with pytest.raises(ValueError, match="data.table_rows"):
+        load_config(None, ["data.table_rows=[10, 0]"], environ={})
 
 
 def test_synthetic_without_tables_of_cdf_or_weights_still_slices_alike(monkeypatch):

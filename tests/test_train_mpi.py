@@ -100,6 +100,10 @@ for _k in KINDS:
                                 + (["optimizer.wide.name=ftrl", "optimizer.wide.lr=0.1", "optimizer.wide.l2=0.01"]
                                    if _k != "dcn" else []))
     OTHER[f"{_k}-per-feature-2ps"] = (5, [f"model.kind={_k}", "model.fuse_tables=false", "job.num_ps=2"])
+# DLRM-DCNv2 (examples/large.toml's model: low-rank cross layers instead of the dots) on synthetic
+# tables of their own sizes, scaled (data.table_rows, data.scale: 150, 4 and 500 rows)
+OTHER["dlrm-dcn-table-rows"] = (3, ["model.interaction=dcn", "model.cross_layers=2", "model.cross_rank=3",
+                                    "data.table_rows=[300, 7, 1000]", "data.scale=0.5"])
 # runs whose bits must not change with a switch: (ranks, {variant: sets})
 SWITCHES = {
     # model.fuse_tables (the default) keeps the feature tables in one table-batched hpcps table;

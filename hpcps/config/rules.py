@@ -83,6 +83,8 @@ def _check_model(cfg: Config) -> None:
            "must be finite and >= 0")
     _check(0 <= m.dropout < 1, "model.dropout", m.dropout, "must be in [0, 1)")
     _check(m.cross_layers >= 0, "model.cross_layers", m.cross_layers, "must be >= 0")
+    _check(m.cross_rank >= 0, "model.cross_rank", m.cross_rank, "must be >= 0 (0: full rank)")
+    _check(m.interaction in ("dot", "dcn"), "model.interaction", m.interaction, "must be dot or dcn")
     _check(m.sharding in SHARDINGS, "model.sharding", m.sharding, f"must be one of {', '.join(SHARDINGS)}")
     _check(m.dynamic_capacity >= 0, "model.dynamic_capacity", m.dynamic_capacity, "must be >= 0 (0: auto)")
     _check(m.admit_min_count >= 1, "model.admit_min_count", m.admit_min_count, "must be >= 1")
@@ -173,6 +175,9 @@ def validate(cfg: Config) -> None:
     if d.format == "synthetic-ctr":
         _check(d.num_tables >= 1, "data.num_tables", d.num_tables, "must be >= 1")
         _check(d.rows_per_table >= 1, "data.rows_per_table", d.rows_per_table, "must be >= 1")
+        _check(all(isinstance(r, int) and not isinstance(r, bool) and r >= 1 for r in d.table_rows),
+               "data.table_rows", d.table_rows, "must be a list of row counts >= 1 (empty: num_tables x rows_per_table)")
+        _check(d.scale > 0 and math.isfinite(d.scale), "data.scale", d.scale, "must be > 0")
         _check(d.zipf > 1, "data.zipf", d.zipf, "must be > 1")
         _check(d.eval_samples >= 1, "data.eval_samples", d.eval_samples, "must be >= 1")
         _check(j.steps > 0 and j.epochs == 0, "job.steps", j.steps,

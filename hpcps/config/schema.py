@@ -53,6 +53,8 @@ class DataConfig:
     skip_bad_lines: bool = False
     num_tables: int = 8         # synthetic-ctr
     rows_per_table: int = 10_000
+    table_rows: list = field(default_factory=list)  # synthetic-ctr: each table's rows (instead of the two above)
+    scale: float = 1.0          # synthetic-ctr: every table's rows times this (rounded up)
     num_dense: int = 13
     zipf: float = 1.2
     eval_samples: int = 50_000
@@ -83,7 +85,9 @@ class ModelConfig:
     bottom_mlp: list = field(default_factory=lambda: [64])
     top_mlp: list = field(default_factory=lambda: [64, 32])   # dlrm: over the interactions; wide_deep,
     #                             deepfm, dcn: the deep part's hidden layers
-    cross_layers: int = 3       # dcn: full-rank cross layers before the MLP
+    cross_layers: int = 3       # dcn, dlrm with interaction = dcn: cross layers before the MLP
+    cross_rank: int = 0         # their rank (0: full; MLPerf's DLRM-DCNv2: 512)
+    interaction: str = "dot"    # dlrm: dot (pairwise dot products) | dcn (cross layers: DLRM-DCNv2)
     device: str = "cpu"         # cpu | cuda (dense layers; tables stay on the PS ranks)
     dense_backend: str = "auto"  # auto: nccl for cuda; cpu: shm if the workers share a node, else mpi | shm | mpi | nccl
     bucket_mb: float = 4.0

@@ -7,10 +7,10 @@ from .columns import criteo_layout, parse_block
 from .sources import delimited
 from .files import BadLine
 from .ratings import load_ratings, parse_rating
-from .synthetic import SyntheticCTR
+from .synthetic import SyntheticCTR, synthetic_rows
 from .tabular import TabularData
 
-__all__ = ["Batch", "DataSource", "worker_slice", "SyntheticCTR", "TabularData", "BadLine",
+__all__ = ["Batch", "DataSource", "worker_slice", "SyntheticCTR", "synthetic_rows", "TabularData", "BadLine",
            "criteo_layout", "parse_block", "parse_rating", "load_ratings", "make_data"]
 
 
@@ -23,8 +23,9 @@ def make_data(cfg, seed: int, num_workers: int, worker: int, comm=None, reads: b
     Collective over ``comm`` (every rank of it) where given: the files' counting pass is shared out
     over its ranks. Local otherwise."""
     if cfg.format == "synthetic-ctr":
-        return SyntheticCTR(cfg.num_tables, cfg.rows_per_table, cfg.num_dense, cfg.batch_size,
-                            cfg.eval_samples, cfg.zipf, seed, num_workers, worker, signal=cfg.signal, raw_keys=raw_keys)
+        return SyntheticCTR(cfg.num_tables, cfg.rows_per_table, cfg.num_dense, cfg.batch_size, cfg.eval_samples,
+                            cfg.zipf, seed, num_workers, worker, signal=cfg.signal, raw_keys=raw_keys,
+                            table_rows=synthetic_rows(cfg))
     stats = {}
     if cfg.format in ("criteo", "csv"):
         return delimited(dataclasses.replace(cfg, hash_rows=0) if raw_keys else cfg, seed, num_workers, worker,

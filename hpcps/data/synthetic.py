@@ -2,7 +2,9 @@
 
 Sample ids are Zipf-distributed per table, wrapped modulo the table's rows
 (``(zipf(a) - 1) % rows``), drawn by inverse transform from that distribution's
-table (tables up to ``CDF_ROWS`` rows; larger ones call ``Generator.zipf``). A click is drawn from
+table (tables up to ``CDF_ROWS`` rows; larger ones call ``Generator.zipf``). The tables are
+``num_tables`` of ``rows_per_table`` rows, or one per entry of ``table_rows`` (``data.table_rows``,
+times ``data.scale``: :func:`synthetic_rows`), each with its own distribution. A click is drawn from
 ``sigmoid(bias + sum_t a_t[id_t] + dense . v)`` where ``a_t`` (one scalar per
 row) and ``v`` are fixed by the seed, so the best achievable AUC on the eval
 set is known: the AUC of the planted probabilities themselves.
@@ -15,6 +17,7 @@ whole global batch). With ``raw_keys`` a batch's ids are 64-bit keys salted per 
 (:func:`hpcps.data.hashing.salted_keys`), as a reader gives a dynamic table.
 """
 
+import math
 from functools import cached_property
 
 import numpy as np
@@ -23,7 +26,7 @@ from ..core.ids import initial_rows
 from .base import Batch, DataSource, worker_slice
 from .hashing import salted_keys
 
-__all__ = ["SyntheticCTR", "BLOCK", "CDF_ROWS", "wrapped_zipf_cdf"]
+__all__ = ["SyntheticCTR", "BLOCK", "CDF_ROWS", "wrapped_zipf_cdf", "synthetic_rows"]
 
 BLOCK = 256
 CDF_ROWS = 1 << 22          # tables up to this many rows sample ids from a table of the CDF
@@ -39,14 +42,24 @@ def wrapped_zipf_cdf(a: float, rows: int) -> np.ndarray:
     """
     k1 = np.arange(1, rows + 1, dtype=np.float64)
     J = max(8, -(-(1 << 20) // rows))
-    pmf = np.zeros(rows, np.float64)
-    for j in range(J):
-        pmf += (k1 + j * rows) ** -a
+    if J > 8:      # small tables: the 2^20 terms at once, summed over j in order (the loop's bits)
+        pmf = (np.arange(1, rows * J + 1, dtype=np.float64).reshape(J, rows) ** -a).sum(axis=0)
+    else:
+        pmf = np.zeros(rows, np.float64)
+        for j in range(J):
+            pmf += (k1 + j * rows) ** -a
     pmf += (k1 + (J - 0.5) * rows) ** (1 - a) / (rows * (a - 1))
     cdf = np.cumsum(pmf)
     cdf /= cdf[-1]
     cdf[-1] = 1.0
     return cdf
+
+
+def synthetic_rows(cfg) -> list[int]:
+    """Each table's rows of a ``DataConfig``: ``table_rows``, else ``num_tables`` x ``rows_per_table``,
+    times ``scale`` rounded up. Local, pure."""
+    rows = list(cfg.table_rows) or [cfg.rows_per_table] * cfg.num_tables
+    return [max(1, math.ceil(r * cfg.scale)) for r in rows] if cfg.scale != 1 else rows
 
 
 class SyntheticCTR(DataSource):
@@ -55,12 +68,13 @@ class SyntheticCTR(DataSource):
 
     def __init__(self, num_tables: int, rows_per_table: int, num_dense: int, batch_size: int,
                  eval_samples: int, zipf: float, seed: int, num_workers: int, worker: int,
-                 signal: float = 1.0, bias: float = -1.0, raw_keys: bool = False):
-        if num_tables < 1 or rows_per_table < 1 or num_dense < 0:
+                 signal: float = 1.0, bias: float = -1.0, raw_keys: bool = False, table_rows=None):
+        rows = list(table_rows) if table_rows else [rows_per_table] * num_tables
+        if not rows or min(rows) < 1 or num_dense < 0:
             raise ValueError("synthetic data needs num_tables >= 1, rows_per_table >= 1, num_dense >= 0")
         if zipf <= 1:
             raise ValueError(f"data.zipf must be > 1, got {zipf}")
-        self.tables = [(f"cat{t}", rows_per_table) for t in range(num_tables)]
+        self.tables = [(f"cat{t}", r) for t, r in enumerate(rows)]
         self.num_dense, self.batch_size, self.seed = num_dense, batch_size, seed
         self.raw_keys = raw_keys
         self.eval_samples, self.zipf, self.signal, self.bias = eval_samples, zipf, signal, bias
@@ -70,30 +84,29 @@ class SyntheticCTR(DataSource):
 
     # computed on first use: ranks that only need the table sizes (PS ranks) never build them
     @cached_property
-    def _cdf(self) -> np.ndarray | None:
-        """The ids' CDF (tables up to ``CDF_ROWS`` rows), else None: ``Generator.zipf``."""
-        rows = self.tables[0][1]
-        return wrapped_zipf_cdf(self.zipf, rows) if rows <= CDF_ROWS else None
+    def _cdfs(self) -> dict:
+        """``{rows: (the ids' CDF, its guide)}`` of each row count up to ``CDF_ROWS`` (larger tables
+        call ``Generator.zipf``). The guide: ``guide[k]`` = ``searchsorted(cdf, k / GUIDE,
+        side="right")`` for ``k`` in ``[0, GUIDE]``, where the search for any ``u`` in ``[k / GUIDE,
+        (k + 1) / GUIDE)`` starts (:meth:`_inverse_cdf`)."""
+        out = {}
+        for rows in {r for _, r in self.tables if r <= CDF_ROWS}:
+            cdf = wrapped_zipf_cdf(self.zipf, rows)
+            out[rows] = (cdf, np.searchsorted(cdf, np.arange(GUIDE + 1) / GUIDE, side="right"))
+        return out
 
     @cached_property
-    def _planted(self) -> np.ndarray | None:
+    def _planted(self) -> list | None:
         """Every table's planted row weights (up to ``PLANTED_ENTRIES`` in all), else None."""
-        rows = self.tables[0][1]
-        if len(self.tables) * rows > PLANTED_ENTRIES:
+        if sum(r for _, r in self.tables) > PLANTED_ENTRIES:
             return None
-        return np.stack([self._weights(t, np.arange(rows)) for t in range(len(self.tables))])
+        return [self._weights(t, np.arange(rows)) for t, (_, rows) in enumerate(self.tables)]
 
-    @cached_property
-    def _guide(self) -> np.ndarray:
-        """``_guide[k]`` = ``searchsorted(_cdf, k / GUIDE, side="right")`` for ``k`` in ``[0, GUIDE]``:
-        where the search for any ``u`` in ``[k / GUIDE, (k + 1) / GUIDE)`` starts (:meth:`_inverse_cdf`)."""
-        return np.searchsorted(self._cdf, np.arange(GUIDE + 1) / GUIDE, side="right")
-
-    def _inverse_cdf(self, u: np.ndarray) -> np.ndarray:
-        """``searchsorted(_cdf, u, side="right")`` for ``u`` in ``[0, 1)``, the same ids: a guide table
-        gives each draw its first candidate, and the few draws whose bucket spans several rows step
-        forward to theirs (a binary search per draw cost ~4x as much)."""
-        cdf, guide, flat = self._cdf, self._guide, u.reshape(-1)
+    def _inverse_cdf(self, u: np.ndarray, rows: int) -> np.ndarray:
+        """``searchsorted(cdf, u, side="right")`` for ``u`` in ``[0, 1)`` and the CDF of ``rows``, the
+        same ids: a guide table gives each draw its first candidate, and the few draws whose bucket
+        spans several rows step forward to theirs (a binary search per draw cost ~4x as much)."""
+        (cdf, guide), flat = self._cdfs[rows], u.reshape(-1)
         k = (flat * GUIDE).astype(np.intp)       # exact: GUIDE is a power of two
         ids = guide[k]
         todo = np.flatnonzero(ids < guide[k + 1])
@@ -109,11 +122,13 @@ class SyntheticCTR(DataSource):
     def _block(self, stream: int, b: int, k: int, n: int):
         """The draws of samples ``[k * BLOCK, k * BLOCK + n)`` of batch ``b`` of ``stream``."""
         rng = np.random.default_rng([self.seed, stream, b, k])
-        if self._cdf is not None:
-            ids = self._inverse_cdf(rng.random((len(self.tables), n)))
-            ids = list(np.minimum(ids, self._cdf.size - 1))
-        else:
-            ids = [(rng.zipf(self.zipf, n) - 1) % rows for _, rows in self.tables]
+        sizes = {r for _, r in self.tables}
+        if len(sizes) == 1 and sizes <= set(self._cdfs):       # one size, one array of draws
+            rows = sizes.pop()
+            ids = list(np.minimum(self._inverse_cdf(rng.random((len(self.tables), n)), rows), rows - 1))
+        else:                                                 # table by table, each its own draws
+            ids = [np.minimum(self._inverse_cdf(rng.random(n), rows), rows - 1) if rows in self._cdfs
+                   else (rng.zipf(self.zipf, n) - 1) % rows for _, rows in self.tables]
         dense = rng.normal(size=(n, self.num_dense)).astype(np.float32)
         return ids, dense, rng.random(n)
 

@@ -1,9 +1,11 @@
 """A DLRM-style CTR model: bottom MLP, one embedding table per categorical
-feature, pairwise dot interaction, top MLP, one logit."""
+feature, pairwise dot interaction (or, ``model.interaction = "dcn"``, DCN-v2 cross layers over
+the bottom MLP's output and the embeddings: DLRM-DCNv2, MLPerf's reference), top MLP, one logit."""
 
 import torch
 from torch import nn
 
+from .layers import CrossNetwork
 from .registry import ModelKind, register
 
 __all__ = ["DLRM", "mlp", "pair_spread", "pairwise_dots"]
@@ -80,7 +82,7 @@ class DLRM(nn.Module):
     """
 
     def __init__(self, embeddings, num_dense: int, dim: int, bottom_mlp=(64,), top_mlp=(64, 32),
-                 dropout: float = 0.0):
+                 dropout: float = 0.0, interaction: str = "dot", cross_layers: int = 3, cross_rank: int = 0):
         super().__init__()
         self.collection = isinstance(embeddings, nn.Module) and not isinstance(embeddings, nn.ModuleList)
         self.embeddings = embeddings if self.collection else nn.ModuleList(embeddings)
@@ -90,6 +92,10 @@ class DLRM(nn.Module):
         self.register_buffer("_pairs", i * n + j, persistent=False)
         self.register_buffer("_spread", pair_spread(self._pairs, n), persistent=False)
         top_in = (dim if num_dense else 0) + n * (n - 1) // 2
+        self.cross = None
+        if interaction == "dcn":                   # the features' vectors, crossed, go to the top MLP
+            self.cross = CrossNetwork(n * dim, cross_layers, cross_rank)
+            top_in = n * dim
         self.top = mlp([top_in, *top_mlp, 1], last_activation=False, dropout=dropout)
         self.looked_up = []
 
@@ -104,10 +110,13 @@ class DLRM(nn.Module):
             feats = [emb(ids.view(-1, 1)) for emb, ids in zip(self.embeddings, sparse)]
             self.looked_up = feats
             T = torch.stack(([x] if x is not None else []) + feats, dim=1)   # (B, n, dim)
+        if self.cross is not None:
+            return self.top(self.cross(T.flatten(1))).squeeze(1)
         inter = pairwise_dots(T, self._pairs, self._spread)              # (B, n (n - 1) / 2)
         top_in = torch.cat([x, inter], dim=1) if x is not None else inter
         return self.top(top_in).squeeze(1)
 
 
 register(ModelKind("dlrm", "ctr", ("deep",), lambda cfg, data, parts: DLRM(
-    parts["deep"], data.num_dense, cfg.model.dim, cfg.model.bottom_mlp, cfg.model.top_mlp, dropout=cfg.model.dropout)))
+    parts["deep"], data.num_dense, cfg.model.dim, cfg.model.bottom_mlp, cfg.model.top_mlp, dropout=cfg.model.dropout,
+    interaction=cfg.model.interaction, cross_layers=cfg.model.cross_layers, cross_rank=cfg.model.cross_rank)))

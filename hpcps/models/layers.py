@@ -36,11 +36,17 @@ def fm_interaction(emb: torch.Tensor) -> torch.Tensor:
 
 
 class CrossNetwork(nn.Module):
-    """DCN-v2's cross layers (Wang et al. 2021, full rank): ``x_{l+1} = x0 * (W_l x_l + b_l) + x_l``."""
+    """DCN-v2's cross layers (Wang et al. 2021): ``x_{l+1} = x0 * (W_l x_l + b_l) + x_l``; with
+    ``rank`` > 0 each ``W_l`` is low-rank, ``U_l V_l^T`` (``width x rank`` each), as in the MLPerf
+    DLRM-DCNv2 reference (rank 512)."""
 
-    def __init__(self, width: int, layers: int):
+    def __init__(self, width: int, layers: int, rank: int = 0):
         super().__init__()
-        self.layers = nn.ModuleList(nn.Linear(width, width) for _ in range(layers))
+        if rank and rank < width:
+            self.layers = nn.ModuleList(nn.Sequential(nn.Linear(width, rank, bias=False), nn.Linear(rank, width))
+                                        for _ in range(layers))
+        else:
+            self.layers = nn.ModuleList(nn.Linear(width, width) for _ in range(layers))
 
     def forward(self, x0: torch.Tensor) -> torch.Tensor:
         x = x0

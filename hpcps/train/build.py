@@ -10,6 +10,7 @@ from mpi4py import MPI
 from ..config import AUTO_EPOCHS, Config, build_sparse_optimizer, resolve_switch
 from ..core.optimizers import LRSchedule
 from ..core.settings import parse_mode
+from ..data.synthetic import synthetic_rows
 from ..dense.optim import make_dense_optimizer
 from ..monitor.probe import mem_available
 from ..models import PARTS, StackedLookup, get_kind
@@ -228,17 +229,22 @@ def pipeline_switches(cfg: Config, ctx) -> dict:
 
 
 def dynamic_capacity(cfg: Config, data) -> int:
-    """``model.dynamic_capacity``, 0 meaning the rows the fixed tables would have: the feature
-    columns times ``data.rows_per_table`` (synthetic) or ``data.hash_rows``. Local."""
+    """``model.dynamic_capacity``, 0 meaning the rows the fixed tables would have: the synthetic
+    tables' rows, or the feature columns times ``data.hash_rows``. Local."""
     if cfg.model.dynamic_capacity:
         return cfg.model.dynamic_capacity
+    if cfg.data.format == "synthetic-ctr":
+        return sum(synthetic_rows(cfg.data))
     return len(data.tables) * _column_rows(cfg)
 
 
 def _column_rows(cfg: Config) -> int:
-    """The rows a fixed table of one feature column has: ``data.rows_per_table`` (synthetic) or
-    ``data.hash_rows``. Local."""
-    return cfg.data.rows_per_table if cfg.data.format == "synthetic-ctr" else cfg.data.hash_rows
+    """The rows a fixed table of one feature column has: the synthetic tables' mean (rounded up)
+    or ``data.hash_rows``. Local."""
+    if cfg.data.format == "synthetic-ctr":
+        rows = synthetic_rows(cfg.data)
+        return -(-sum(rows) // len(rows))
+    return cfg.data.hash_rows
 
 
 def _gib(n: float) -> str:
