@@ -73,7 +73,8 @@ def _parser() -> argparse.ArgumentParser:
                         description=("SRC: a metrics JSONL file (metrics.path of `hpcps train`) or a results "
                                      "directory (its *.jsonl metrics and bench_*.json results). Writes loss.png, "
                                      "throughput.png, time_breakdown.png, staleness.png, load_balance.png, "
-                                     "checkpoints.png and summary.md. No MPI launch needed."))
+                                     "checkpoints.png, hosts.png and ps_busy.png (the monitor's records) and "
+                                     "summary.md (with the alerts). No MPI launch needed."))
     rp.add_argument("src", help="metrics file or results directory")
     rp.add_argument("--out", default="report", help="output directory (default report/)")
     b = sub.add_parser("bench", help="run one of the benchmarks (scripts/bench_NAME.py); it launches mpiexec itself",
@@ -86,6 +87,8 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("args", nargs=argparse.REMAINDER, help="passed to the script")
     from .predict.cli import add_parsers
     add_parsers(sub)
+    from .plan.cli import add_parser as add_plan
+    add_plan(sub)
     k = sub.add_parser("ckpt", help="list, verify, inspect and export checkpoints (no MPI launch needed)")
     ks = k.add_subparsers(dest="ckpt_command", required=True)
     kl = ks.add_parser("ls", help="checkpoints in a directory, newest last, with their state; then this host's "
@@ -241,6 +244,14 @@ def main(argv=None) -> int:
             print(f"hpcps: error: {e}", file=sys.stderr)
             return 2
         return 0
+    if args.command == "plan":
+        from .config import load_config
+        from .plan.cli import run as run_plan
+        try:
+            return run_plan(args, load_config(args.config, args.set))
+        except (ValueError, OSError) as e:
+            print(f"hpcps: error: {e}", file=sys.stderr)
+            return 2
     if args.command == "train":
         from . import stopping
         stopping.install()              # before the slow imports: an early Slurm signal is kept

@@ -36,6 +36,7 @@ LAYERS = [
                      "hpcps.core", "hpcps.errors"]),
     ("hpcps.predict", ["hpcps.predict", "hpcps.train", "hpcps.context", "hpcps.nn", "hpcps.data", "hpcps.checkpoint",
                        "hpcps.config", "hpcps.metrics", "hpcps.core"]),
+    ("hpcps.plan", ["hpcps.plan", "hpcps.train", "hpcps.config", "hpcps.data", "hpcps.core"]),
     ("hpcps.reference", ["hpcps.train", "hpcps.config", "hpcps.data", "hpcps.models", "hpcps.core"]),
     ("hpcps.demo", ["hpcps.context", "hpcps.sparse", "hpcps.optim", "hpcps.core"]),
     ("hpcps.report", ["hpcps.metrics", "hpcps.monitor.plots"]),

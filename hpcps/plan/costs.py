@@ -1,0 +1,113 @@
+"""Per-row and per-sample costs timed on this machine, one CPU: what the planner scales to a
+cluster whose cores it assumes as fast as these. Local."""
+
+import os
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+__all__ = ["Costs", "measure"]
+
+
+@dataclass(frozen=True)
+class Costs:
+    gather_s_per_byte: float     # a worker's gather of rows from a shard in its node's memory
+    apply_s_per_row: float       # a PS's optimizer apply of one row (the config's optimizer and dim)
+    write_bytes_s: float         # HDF5 write of one process to this machine's disk
+    read_bytes_s: float          # and its read back
+    dense_s_per_sample: float    # forward, backward and the dense optimizer's step, one thread, at the
+    #                              config's batch (at most 1024)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _best(fn, repeat: int = 5) -> float:
+    """The fastest of ``repeat`` timed calls (the least disturbed by a busy machine)."""
+    out = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t)
+    return min(out)
+
+
+def _gather(dim: int, rows: int = 1 << 20, batch: int = 4096) -> float:
+    table = np.random.default_rng(0).random((rows, dim), dtype=np.float32)
+    ids = np.random.default_rng(1).integers(0, rows, batch)
+    return _best(lambda: table.take(ids, axis=0)) / (batch * dim * 4)
+
+
+def _apply(cfg, dim: int, rows: int = 1 << 20, batch: int = 4096) -> float:
+    import torch
+
+    from ..core.optimizers import new_state
+    from ..train.build import part_optimizer
+    opt = part_optimizer(cfg, "deep", 10)
+    w = torch.zeros((rows, dim))
+    state = {k: torch.from_numpy(v) for k, v in new_state(opt, rows, dim).items()}
+    ids = torch.from_numpy(np.unique(np.random.default_rng(2).integers(0, rows, batch)))
+    g = torch.full((ids.numel(), dim), 1e-3)
+    step = iter(range(1, 100))
+    return _best(lambda: opt.apply(w, state, ids, g, next(step), 1)) / ids.numel()
+
+
+def _hdf5(nbytes: int = 64 << 20) -> tuple[float, float]:
+    import h5py
+    a = np.random.default_rng(3).random(nbytes // 4, dtype=np.float32)
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "x.h5")
+
+        def write():
+            with h5py.File(path, "w") as f:
+                f.create_dataset("rows", data=a)
+                f.flush()
+            fd = os.open(path, os.O_RDONLY)
+            os.fsync(fd)
+            os.close(fd)
+
+        def read():
+            with h5py.File(path, "r") as f:
+                f["rows"][...]
+        w = _best(write, 3)
+        r = _best(read, 3)
+    return nbytes / w, nbytes / r
+
+
+def _dense(cfg, batch: int) -> float:
+    import torch
+
+    from ..train.build import build_model, dense_optimizer
+    from .workload import _standin, table_rows
+    from ..train.build import table_parts
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        rows, _ = table_rows(cfg)
+        data = _standin(cfg, [64] * len(rows))
+        embs = [torch.nn.EmbeddingBag(64, dim, mode="sum") for _, specs in table_parts(cfg, data)
+                for _, _, dim, _, _ in specs]
+        model = build_model(cfg, embs, data)
+        opt = dense_optimizer(cfg.optimizer.dense, model.parameters())
+        dense = torch.randn(batch, cfg.data.num_dense)
+        sparse = [torch.randint(0, 64, (batch,)) for _ in rows]
+        y = torch.randint(0, 2, (batch,)).float()
+
+        def step():
+            opt.zero_grad()
+            torch.nn.functional.binary_cross_entropy_with_logits(model(dense, sparse), y).backward()
+            opt.step()
+        step()
+        return _best(step, 3) / batch
+    finally:
+        torch.set_num_threads(threads)
+
+
+def measure(cfg) -> Costs:
+    """Time the costs for ``cfg`` (its optimizer, dim and model) here: ~5-20 s. Local."""
+    dim = cfg.model.dim
+    write, read = _hdf5()
+    # the dense part at the config's batch, up to 1024 (a worker's share; per sample, larger batches cost less)
+    return Costs(_gather(dim), _apply(cfg, dim), write, read, _dense(cfg, max(16, min(cfg.data.batch_size, 1024))))

@@ -1,0 +1,83 @@
+"""hpcps plan (issue 42): the expected distinct rows of a batch, the alpha-beta model's terms,
+the layout search and its refusal, the command."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from hpcps.config import load_config
+from hpcps.plan import workload as wl
+from hpcps.plan.costs import Costs
+from hpcps.plan.model import Cluster, predict, search
+from mpirun import ROOT
+
+COSTS = Costs(gather_s_per_byte=1e-10, apply_s_per_row=1e-6, write_bytes_s=1e9, read_bytes_s=2e9,
+              dense_s_per_sample=1e-5)
+
+
+def test_expected_distinct_rows_match_draws_and_the_large_table_approximation(monkeypatch):
+    rng = np.random.default_rng(0)
+    for rows, a, n in ((1000, 1.2, 500), (50_000, 1.1, 4096), (3, 1.5, 10)):
+        got = wl.expected_unique(rows, a, n)
+        drawn = np.mean([np.unique((rng.zipf(a, n) - 1) % rows).size for _ in range(300)])
+        assert got == pytest.approx(drawn, rel=0.02), (rows, a, n)
+    monkeypatch.setattr(wl, "EXACT_ROWS", 1 << 18)
+    exact = wl.expected_unique(200_000, 1.2, 8192)
+    wl._buckets.cache_clear()
+    monkeypatch.setattr(wl, "EXACT_ROWS", 1000)        # the same table by the log-spaced buckets
+    assert wl.expected_unique(200_000, 1.2, 8192) == pytest.approx(exact, rel=0.03)
+    wl._buckets.cache_clear()
+    assert wl.expected_unique(100, 0.0, 500) == 100 and wl.expected_unique(10**6, 0.0, 500) == 500
+
+
+def test_the_step_terms_follow_the_model():
+    """One table of 1M rows, dim 8, Adagrad; 2 nodes of 4 ranks; 2 PS, 6 workers."""
+    w = wl.Workload((wl.Table(1_000_000, 8, 8, "adagrad", 1.2),), 600, 4, 1000, 2)
+    cl = Cluster(2, cpus_per_node=8, mem_per_node=64e9, net_gbps=80, latency_s=1e-5, fs_gbps=1, ranks_per_node=4)
+    x = predict(w, COSTS, cl, 2)
+    t = x["terms_s"]
+    b = 600 / 6
+    rows_bytes = 4 * 8 * wl.expected_unique(1_000_000, 1.2, b)
+    link = 10e9 / 3                                     # the node's 80 Gb/s, shared by its 3 workers
+    assert t["pull"] == pytest.approx(2 * 1e-5 + 0.5 * rows_bytes / link + 0.5 * rows_bytes * 1e-10)
+    assert t["compute"] == pytest.approx(b * 1e-5 / 2)  # 8 cores over 4 ranks: 2 a worker
+    assert t["apply"] == pytest.approx(wl.expected_unique(1_000_000, 1.2, 600) / 2 * 1e-6)
+    assert t["allreduce"] == pytest.approx(2 * np.log2(6) * 1e-5 + 2 * 5 / 6 * 4000 / 10e9)
+    assert x["step_s"] == pytest.approx(t["pull"] + t["compute"] + t["push"] + max(t["apply"], t["allreduce"]))
+    assert x["checkpoint_bytes"] == 1_000_000 * 16 * 4 and x["checkpoint_s"] == pytest.approx(64e6 / 1e9)
+    assert x["ps_bytes"] == 1_000_000 * 24 * 4 / 2 and x["fits"]
+    assert x["bottleneck"] == max(("pull", "compute", "push"), key=lambda k: t[k]) or x["bottleneck"] in t
+
+
+def test_the_search_adds_ps_where_the_apply_bounds_the_step_and_refuses_what_does_not_fit():
+    w = wl.Workload((wl.Table(10_000_000, 16, 16, "adagrad", 0.0),), 65536, 4, 1000, 2)
+    slow_apply = Costs(1e-10, 1e-4, 1e9, 1e9, 1e-7)
+    best, fewest = search(w, slow_apply, Cluster(4, cpus_per_node=64, mem_per_node=512e9))
+    assert best["bottleneck"] in ("apply", "pull", "push") and best["num_ps"] > fewest["num_ps"] == 1
+    best, fewest = search(w, slow_apply, Cluster(4, cpus_per_node=64, mem_per_node=1e9))
+    assert best is None and not fewest["fits"]
+
+
+def test_plan_command_prints_a_layout_and_refuses_nodes_too_small(tmp_path):
+    costs = tmp_path / "c.json"
+    costs.write_text(json.dumps(COSTS.to_dict()))
+    cmd = [sys.executable, "-m", "hpcps", "plan", "--config", str(ROOT / "examples" / "large.toml"), "--set",
+           "data.scale=1", "--costs", str(costs)]
+    r = subprocess.run(cmd + ["--nodes", "16"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "26 tables, 204,184,588 rows of dim 128" in r.stdout and "--set job.num_ps=" in r.stdout
+    plan = json.loads(r.stdout.splitlines()[-1])["plan"]
+    assert plan["fits"] and plan["ranks"] == 128 and plan["num_ps"] + plan["workers"] == 128
+    assert plan["checkpoint_bytes"] == 4 * 256 * 204_184_588
+    r = subprocess.run(cmd + ["--nodes", "2", "--mem-per-node", "64"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "no layout fits" in r.stderr and "use more nodes" in r.stderr
+
+
+def test_costs_are_timed_for_the_config(tmp_path):
+    from hpcps.plan.costs import measure
+    c = measure(load_config(ROOT / "tests" / "configs" / "tiny_ctr.toml", [], environ={}))
+    assert all(v > 0 and np.isfinite(v) for v in c.to_dict().values())
+    assert c.dense_s_per_sample < 1e-3 and c.apply_s_per_row < 1e-4
