@@ -130,6 +130,14 @@ def test_import_hpcps_has_no_side_effects():
     assert r.returncode == 0 and r.stdout.strip(), r.stderr
 
 
+def test_the_command_parser_starts_no_mpi():
+    """hpcps.cli builds its parser (every subcommand's arguments) before prepare_process sets the MPI
+    thread level and glibc's heap: nothing it imports may start MPI (hpcps plan's model did)."""
+    code = "import sys; from hpcps.cli import _parser; _parser(); assert 'mpi4py.MPI' not in sys.modules"
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+
+
 def test_source_parses_as_the_oldest_python_setup_cfg_allows():
     """setup.cfg says python_requires >= 3.10: every module must parse as 3.10 (no 3.11+ syntax)."""
     text = (ROOT / "setup.cfg").read_text()

@@ -4,10 +4,6 @@
 import json
 import sys
 
-from .costs import Costs, measure
-from .model import MEMORY_SHARE, Cluster, search
-from .workload import describe, workload
-
 __all__ = ["add_parser", "run"]
 
 
@@ -41,6 +37,9 @@ def _gb(x: float) -> str:
 
 def run(args, cfg) -> int:
     """Print the plan of ``cfg`` for ``args``; 1 when nothing fits. Local."""
+    from .costs import Costs, measure          # here: `hpcps --help` and `train` import no torch or MPI for it
+    from .model import MEMORY_SHARE, Cluster, search
+    from .workload import describe, workload
     if args.nodes < 1 or args.cpus_per_node < 1 or args.mem_per_node <= 0:
         print("hpcps: error: plan: --nodes, --cpus-per-node and --mem-per-node must be > 0", file=sys.stderr)
         return 2
