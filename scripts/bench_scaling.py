@@ -1,6 +1,7 @@
 """Scaling of the end-to-end DLRM job: 1 -> 3 workers (1 PS) and 1 -> 2 PS ranks (3 workers).
 
-    .venv/bin/python scripts/bench_scaling.py [--steps 300] [--warmup 30] [--out results/bench_scaling.json]
+    .venv/bin/python scripts/bench_scaling.py [--steps 300] [--warmup 30] [--layouts 1+1,1+2,1+3,2+3]
+                                              [--out results/bench_scaling.json]
 
 Each point is `hpcps train` of examples/ctr.toml under mpiexec, timed from step --warmup to the
 end from worker 0's per-step metrics (as scripts/bench_e2e.py). On a machine with fewer cores
@@ -27,10 +28,11 @@ def main():
     ap.add_argument("--config", default=str(ROOT / "examples" / "ctr.toml"))
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--warmup", type=int, default=30)
+    ap.add_argument("--layouts", default="1+1,1+2,1+3,2+3", help="PS+workers of each point, the first the base")
     ap.add_argument("--out", default="results/bench_scaling.json")
     a = ap.parse_args()
     cores = os.cpu_count() or 1
-    layouts = [(1, 1), (1, 2), (1, 3), (2, 3)]          # (PS, workers)
+    layouts = [tuple(int(x) for x in point.split("+")) for point in a.layouts.split(",")]   # (PS, workers)
     points = []
     with tempfile.TemporaryDirectory() as tmp:
         for ps, w in layouts:

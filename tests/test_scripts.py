@@ -132,10 +132,10 @@ def test_bench_scaling_smoke(tmp_path):
     out = tmp_path / "scaling.json"
     subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_scaling.py"), "--config",
                     str(ROOT / "tests" / "configs" / "tiny_ctr.toml"), "--steps", "12", "--warmup", "4",
-                    "--out", str(out)], check=True, capture_output=True, timeout=600,
+                    "--layouts", "1+1,2+2", "--out", str(out)], check=True, capture_output=True, timeout=600,
                    env=__import__("mpirun").mpi_env())
     r = json.loads(out.read_text())
-    assert [(p["num_ps"], p["workers"]) for p in r["points"]] == [(1, 1), (1, 2), (1, 3), (2, 3)]
+    assert [(p["num_ps"], p["workers"]) for p in r["points"]] == [(1, 1), (2, 2)]
     assert r["points"][0]["efficiency_per_core"] == 1.0 and all(p["samples_per_s"] > 0 for p in r["points"])
 
 
@@ -144,13 +144,12 @@ def test_bench_dtype_smoke(tmp_path):
     import sys
     out = tmp_path / "dt.json"
     subprocess.run([sys.executable, "-m", "hpcps", "bench", "dtype", "--steps", "40", "--ranks", "3",
-                    "--transport", "rma", "--variants", "float32,pull_bf16,both_fp16",
+                    "--transport", "rma", "--variants", "float32,both_fp16",
                     "--config", str(ROOT / "tests" / "configs" / "tiny_ctr.toml"), "--out", str(out)],
                    check=True, capture_output=True, timeout=600, env=__import__("mpirun").mpi_env())
     r = json.loads(out.read_text())["results"]
-    assert set(r) == {"float32", "pull_bf16", "both_fp16"} and all(0 < v["auc"] <= 1 for v in r.values())
+    assert set(r) == {"float32", "both_fp16"} and all(0 < v["auc"] <= 1 for v in r.values())
     assert (r["both_fp16"]["pull_dtype"], r["both_fp16"]["push_dtype"]) == ("float16", "float16")
-    assert 0.5 < r["pull_bf16"]["bytes_vs_float32"] < 1         # pulls are half the bytes, pushes are not
     assert r["both_fp16"]["push_mailbox_full"] == 0               # over RMA every push went through the mailbox:
     assert abs(r["both_fp16"]["bytes_vs_float32"] - 0.5) < 1e-9  # half the bytes both ways
 
