@@ -44,7 +44,13 @@ def run(args, cfg) -> int:
         print("hpcps: error: plan: --nodes, --cpus-per-node and --mem-per-node must be > 0", file=sys.stderr)
         return 2
     w = workload(cfg)
-    costs = Costs(**json.loads(open(args.costs).read())) if args.costs else measure(cfg)
+    if args.costs:
+        try:
+            costs = Costs(**json.loads(open(args.costs).read()))
+        except TypeError as e:
+            raise ValueError(f"--costs {args.costs}: not a file of hpcps plan --save-costs ({e})") from None
+    else:
+        costs = measure(cfg)
     if args.save_costs:
         with open(args.save_costs, "w") as f:
             json.dump(costs.to_dict(), f, indent=1)
