@@ -61,15 +61,15 @@ def test_bench_checkpoint_levels_smoke(tmp_path):
     out = tmp_path / "b.json"
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_checkpoint.py"), "--dir", str(tmp_path / "d"),
                         "--part", "levels", "--rounds", "1", "--level-steps", "20", "--workloads", "main",
-                        "--restores", "2", "--out", str(out)], capture_output=True, text=True, timeout=600,
+                        "--restores", "1", "--out", str(out)], capture_output=True, text=True, timeout=600,
                        env=__import__("mpirun").mpi_env())
     assert r.returncode == 0, r.stderr[-3000:]
     main = json.loads(out.read_text())["levels"]["main"]
     assert set(main["levels"]) == {"local", "pfs"} and main["runs"]["local"][0]["checkpoints"] == 1
     assert main["restore_s"]["local"] > 0 and len(main["restore_pfs_vs_local"]) == 1
-    # two restarts from each level (each restart's own final checkpoint removed after it)
-    assert all(len(v) == 2 and min(v) > 0 for v in main["restore_runs_s"].values()), main["restore_runs_s"]
-    assert "main local:" in r.stdout and "main restore (median of 2):" in r.stdout
+    # a restart from each level (its own final checkpoint removed after it)
+    assert all(len(v) == 1 and min(v) > 0 for v in main["restore_runs_s"].values()), main["restore_runs_s"]
+    assert "main local:" in r.stdout and "main restore (median of 1):" in r.stdout
 
 
 def test_fault_checkpoint_script_smoke(tmp_path):
@@ -109,7 +109,7 @@ def test_bench_e2e_smoke(tmp_path):
         res = r["results"][k]
         assert res["samples_per_s"] > 0 and res["steps"] == 6 and res["runs_samples_per_s"] == [res["samples_per_s"]]
     assert r["hpcps_vs_torch_rpc"] > 0 and r["hpcps_per_core_vs_single_process"] > 0
-    assert r["pipeline_on_vs_off"] > 0
+    assert r["pipeline_on_vs_off"] > 0 and r["results"]["hpcps_no_prefetch"]["same_run_as"] == "hpcps"   # ctr.toml: off
     assert r["targets"] == {"hpcps_vs_torch_rpc": 2.0, "hpcps_per_core_vs_single_process": 0.8}
     assert r["config"]["oversubscribed"] == (r["config"]["ranks"] > r["config"]["cpus"])
 
