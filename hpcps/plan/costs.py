@@ -79,17 +79,13 @@ def _hdf5(nbytes: int = 64 << 20) -> tuple[float, float]:
 def _dense(cfg, batch: int) -> float:
     import torch
 
-    from ..train.build import build_model, dense_optimizer
-    from .workload import _standin, table_rows
-    from ..train.build import table_parts
+    from ..train.build import dense_optimizer
+    from .workload import standin_model, table_rows
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         rows, _ = table_rows(cfg)
-        data = _standin(cfg, [64] * len(rows))
-        embs = [torch.nn.EmbeddingBag(64, dim, mode="sum") for _, specs in table_parts(cfg, data)
-                for _, _, dim, _, _ in specs]
-        model = build_model(cfg, embs, data)
+        model, _ = standin_model(cfg, 64)
         opt = dense_optimizer(cfg.optimizer.dense, model.parameters())
         dense = torch.randn(batch, cfg.data.num_dense)
         sparse = [torch.randint(0, 64, (batch,)) for _ in rows]

@@ -87,6 +87,18 @@ def _standin(cfg: Config, rows: list):
                            task="ctr")
 
 
+def standin_model(cfg: Config, rows: int = 8):
+    """``(the config's model over torch tables of ``rows`` rows each, those tables)``: the dense part
+    as training builds it (its size does not depend on the tables' rows). Local."""
+    import torch
+
+    from ..train.build import build_model
+    data = _standin(cfg, [rows] * len(table_rows(cfg)[0]))
+    embs = [torch.nn.EmbeddingBag(rows, dim, mode="sum") for _, specs in table_parts(cfg, data)
+            for _, _, dim, _, _ in specs]
+    return build_model(cfg, embs, data), embs
+
+
 def table_rows(cfg: Config) -> tuple[list, float]:
     """``(each categorical column's rows, the ids' Zipf exponent or 0 when unknown)``: synthetic
     data's ``data.table_rows`` or ``num_tables x rows_per_table``, times ``data.scale``; Criteo's 26
@@ -105,20 +117,15 @@ def table_rows(cfg: Config) -> tuple[list, float]:
 
 def workload(cfg: Config) -> Workload:
     """The :class:`Workload` of a CTR config: every part's tables (:func:`table_rows`) with their
-    optimizer's state, and the dense part's parameters (counted on the model built over small
-    stand-in tables: its size does not depend on the tables' rows). Local."""
-    import torch
-
-    from ..train.build import build_model
+    optimizer's state, and the dense part's parameters (counted on :func:`standin_model`). Local."""
     rows, zipf = table_rows(cfg)
-    tables, embs = [], []
+    tables = []
     for part, specs in table_parts(cfg, _standin(cfg, rows)):
         opt = part_optimizer(cfg, part, 1)
         for _, r, dim, _, _ in specs:
             state = sum(int(np.prod(s[1:], dtype=np.int64)) for s in opt.state_shapes(1, dim).values())
             tables.append(Table(r, dim, state, type(opt).__name__.lower(), zipf))
-            embs.append(torch.nn.EmbeddingBag(8, dim, mode="sum"))
-    model = build_model(cfg, embs, _standin(cfg, [8] * len(rows)))
+    model, embs = standin_model(cfg)
     emb = {id(e.weight) for e in embs}
     params = sum(p.numel() for p in model.parameters() if id(p) not in emb)
     dense_state = {"sgd": 0, "adagrad": 1, "adam": 2}.get(cfg.optimizer.dense.name, 2)
