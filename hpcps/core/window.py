@@ -28,6 +28,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..errors import FreedError, HpcpsError
+from . import counts
 
 __all__ = ["Window", "window_kind", "WINDOW_KINDS"]
 
@@ -115,6 +116,7 @@ class Window:
                 mem = self._node.tomemory() if self.nbytes else MPI.BOTTOM
                 self._win = MPI.Win.Create(mem, disp_unit=1, comm=comm)
             self._win.Lock_all(MPI.MODE_NOCHECK)
+            self._view = counts.wrap(self._win, comm)   # the window itself unless HPCPS_COUNT_MPI=1
         except MPI.Exception as e:
             raise HpcpsError(f"{what}: allocating an RMA window of {nbytes} bytes ({self.kind}) failed: {e}") from e
 
@@ -123,7 +125,7 @@ class Window:
         """The open ``MPI.Win``; raises ``FreedError`` after ``free()``. Local."""
         if self._win is None:
             raise FreedError(f"{self.what} was used after free()")
-        return self._win
+        return self._view
 
     def local(self, dtype=np.float32) -> np.ndarray:
         """This rank's own window memory (``nbytes``) as a 1-D numpy array. Local."""

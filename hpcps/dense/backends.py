@@ -13,6 +13,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+from ..core import counts
 from ..core import wait as _wait
 from ..core.wait import wait_request
 from ..errors import HpcpsError
@@ -52,6 +53,7 @@ class MPIBackend:
 
     def allreduce_async(self, flat) -> _MPIWork:
         buf = flat.numpy()
+        counts.allreduce(buf.nbytes)
         return _MPIWork(self.comm.Iallreduce(MPI.IN_PLACE, buf, op=MPI.SUM))
 
     def close(self) -> None:
@@ -178,6 +180,7 @@ class ShmBackend:
         self._calls[b] = g + 1
         slots = self._slots[b][g % 2]
         slots[me].copy_(flat)
+        counts.allreduce(flat.numel() * flat.element_size())
         self._arrivals[b, me] = g + 1           # this worker's own word: who came, for a stall's report
         win = self._win.win
         self._win.sync()                        # the slot before the count that announces it
@@ -254,6 +257,7 @@ class NCCLBackend:
         pass
 
     def allreduce_async(self, flat) -> _NCCLWork:
+        counts.allreduce(flat.numel() * flat.element_size())
         return _NCCLWork(self._dist.all_reduce(flat, op=self._dist.ReduceOp.SUM, group=self.group,
                                                async_op=True))
 

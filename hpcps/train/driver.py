@@ -15,6 +15,7 @@ from mpi4py import MPI
 from .. import checkpoint as ckpt_mod
 from ..config import Config, resolve_switch
 from ..context import init
+from ..core import counts
 from ..data import make_data
 from ..data.loader import BatchAhead, placement
 from ..data.loader import supported as loader_supported
@@ -96,6 +97,7 @@ def train(cfg: Config) -> dict | None:
         if ctx.is_ps:
             ctx.serve()
             held = sum(t.held_bytes() for t in tables)
+            counts.note("rows_applied", ctx.rows_applied)
         else:
             loader = _loader(cfg, ctx, data, start, steps, tables)
             with loader or contextlib.nullcontext():
@@ -112,11 +114,13 @@ def train(cfg: Config) -> dict | None:
         is_ps = ctx.is_ps
     # memory: every rank's peak resident set against the table bytes (rows + optimizer state) its
     # shards hold; gathered after the PS ranks left serve()
-    mem = world.gather((is_ps, peak_rss(), held), root=first_worker)
+    mem = world.gather((is_ps, peak_rss(), held, counts.report()), root=first_worker)
     if summary is not None:
-        summary["memory"] = {"ps_peak_rss_mb": [round(r / 1e6, 1) for p, r, _ in mem if p],
-                             "ps_table_mb": [round(h / 1e6, 3) for p, _, h in mem if p],
-                             "worker_peak_rss_mb": [round(r / 1e6, 1) for p, r, _ in mem if not p]}
+        summary["memory"] = {"ps_peak_rss_mb": [round(r / 1e6, 1) for p, r, _, _ in mem if p],
+                             "ps_table_mb": [round(h / 1e6, 3) for p, _, h, _ in mem if p],
+                             "worker_peak_rss_mb": [round(r / 1e6, 1) for p, r, _, _ in mem if not p]}
+        if counts.ENABLED:                  # HPCPS_COUNT_MPI=1: each world rank's (scripts/bench_scale.py)
+            summary["counts"] = [dict(c, ps=p) for p, _, _, c in mem]
     if log is not None:
         log.write({"final": summary})
         log.close()

@@ -26,7 +26,7 @@ from mpi4py import MPI
 
 from .. import checkpoint as ckpt_mod
 from ..config import AUTO_EPOCHS
-from ..core import malloc
+from ..core import counts, malloc
 from ..core.settings import parse_mode
 from ..dense import DenseSync
 from ..metrics import MetricsLog
@@ -281,6 +281,7 @@ class Worker:
         # this process's log lines above the bar, not on its line
         from tqdm.contrib.logging import logging_redirect_tqdm
         on_bar = self.bar is not None and hasattr(self.bar, "disp")      # a tqdm bar, not LineProgress
+        counts.mark("first_step")
         with logging_redirect_tqdm() if on_bar else contextlib.nullcontext():
             for step in range(start, steps):
                 self.step(step)
@@ -289,6 +290,7 @@ class Worker:
                     self.monitor.tick(step + 1)
                 if self._after_step(step):
                     break
+        counts.mark("last_step")
         if self.monitor is not None:
             self.monitor.finish()
         for e in self.embs:                                # a prefetch no step will use must still end
