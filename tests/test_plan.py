@@ -43,6 +43,7 @@ def test_the_step_terms_follow_the_model():
     rows_bytes = 4 * 8 * wl.expected_unique(1_000_000, 1.2, b)
     link = 10e9 / 3                                     # the node's 80 Gb/s, shared by its 3 workers
     assert t["pull"] == pytest.approx(2 * 1e-5 + 0.5 * rows_bytes / link + 0.5 * rows_bytes * 1e-10)
+    assert t["push"] == pytest.approx(t["pull"] + 2 * 2 * 1e-5)     # 3 round trips to each PS, not 1
     assert t["compute"] == pytest.approx(b * 1e-5 / 2)  # 8 cores over 4 ranks: 2 a worker
     assert t["apply"] == pytest.approx(wl.expected_unique(1_000_000, 1.2, 600) / 2 * 1e-6)
     assert t["allreduce"] == pytest.approx(2 * np.log2(6) * 1e-5 + 2 * 5 / 6 * 4000 / 10e9)

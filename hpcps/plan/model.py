@@ -4,13 +4,14 @@ Local, pure.
 Per step of global batch ``B`` on ``W`` workers and ``P`` PS over ``N`` nodes (``R`` ranks a node),
 each worker with ``b = B / W`` samples:
 
-- ``pull``: a worker's distinct rows of ``b`` samples (:meth:`Workload.unique_bytes`): one round
-  trip to each PS (``P x alpha``), the bytes of the PS on other nodes over the node's link (shared by
+- ``pull``: a worker's distinct rows of ``b`` samples (:meth:`Workload.unique_bytes`): a round
+  trip to each PS (``P x alpha``; counted by scripts/bench_scale.py), the bytes of the PS on other nodes over the node's link (shared by
   the node's workers, ``beta``), or, when slower, over each PS's end: every worker's remote bytes
   over the PS ranks, through a PS node's link shared by its PS; those on its own node gathered from
   memory (``gather``);
 - ``compute``: ``b x dense_s_per_sample`` on the worker's cores (``cores_per_worker``);
-- ``push``: the same rows' gradients, as the pull;
+- ``push``: the same rows' gradients, as the pull but with three round trips to each PS
+  (``3 P x alpha``, counted);
 - ``apply``: a PS applies its share of the global batch's distinct rows (``apply_s_per_row``);
 - ``allreduce``: the dense part's gradients (Rabenseifner's reduce-scatter and all-gather):
   ``2 log2(W) alpha + 2 (W - 1) / W x bytes / beta``; it overlaps the PS's apply (the next pull
@@ -27,8 +28,12 @@ from dataclasses import dataclass
 from .costs import Costs
 from .workload import Workload
 
-__all__ = ["Cluster", "predict", "search", "WORKER_BASE_BYTES", "MEMORY_SHARE"]
+__all__ = ["Cluster", "predict", "search", "WORKER_BASE_BYTES", "MEMORY_SHARE", "PULL_TRIPS", "PUSH_TRIPS"]
 
+# round trips a worker makes to each PS per step, as scripts/bench_scale.py counts them (deterministic
+# sync, every push through the mailbox: 3.87 per PS and step in all); taken one after another
+PULL_TRIPS = 1                  # one read of the rows
+PUSH_TRIPS = 3                  # the mailbox's two flushes, and the step's flag
 WORKER_BASE_BYTES = 0.35e9      # a rank's python, torch and MPI (measured: ~0.3 GB RSS at start)
 MEMORY_SHARE = 0.85             # of a node's memory a plan may use
 
@@ -53,8 +58,10 @@ class Cluster:
         return self.net_gbps * 1e9 / 8
 
 
-def predict(w: Workload, c: Costs, cl: Cluster, num_ps: int) -> dict:
-    """The figures of one layout: ``num_ps`` PS spread over the nodes, the other ranks workers."""
+def predict(w: Workload, c: Costs, cl: Cluster, num_ps: int, remote: float | None = None) -> dict:
+    """The figures of one layout: ``num_ps`` PS spread over the nodes, the other ranks workers.
+    ``remote``: the share of a worker's rows on other nodes, where the layout is not that (a PS
+    node without workers: 1); default ``1 - 1/N``."""
     R, N = cl.ranks, cl.nodes
     W = R - num_ps
     if W < 1 or num_ps < 1:
@@ -63,14 +70,16 @@ def predict(w: Workload, c: Costs, cl: Cluster, num_ps: int) -> dict:
     per_node = R // N
     cores = max(1.0, cl.cpus_per_node / per_node)
     workers_here = W / N
-    remote = 1 - 1 / N              # a worker's share of rows on other nodes (PS spread evenly over them)
+    if remote is None:
+        remote = 1 - 1 / N          # a worker's share of rows on other nodes (PS spread evenly over them)
     rows_bytes = w.unique_bytes(b)
     link = cl.beta / max(workers_here, 1)                               # a worker's share of its node's link
     ps_here = math.ceil(num_ps / N)
     ps_end = W * remote * rows_bytes / num_ps * ps_here / cl.beta       # every worker's bytes at a PS node's link
     wire = max(remote * rows_bytes / link, ps_end)
-    pull = num_ps * cl.latency_s + wire + (1 - remote) * rows_bytes * c.gather_s_per_byte
-    push = pull
+    moved = wire + (1 - remote) * rows_bytes * c.gather_s_per_byte
+    pull = num_ps * PULL_TRIPS * cl.latency_s + moved
+    push = num_ps * PUSH_TRIPS * cl.latency_s + moved
     compute = b * c.dense_s_per_sample / cores
     apply = w.unique_rows(w.batch) / num_ps * c.apply_s_per_row
     dense_bytes = 4 * w.dense_params
