@@ -14,7 +14,7 @@ __all__ = ["main"]
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 BENCHES = ("e2e", "sparse_grid", "scaling", "checkpoint", "dtype", "hosts", "data", "deterministic", "mpis",
-           "quality", "predict", "monitor", "scale", "host_loss", "plan")   # bench_sparse.py runs under mpiexec itself
+           "quality", "predict", "monitor", "scale", "host_loss", "plan", "peers")   # bench_sparse.py runs under mpiexec itself
 
 
 def _setup_logging(level: str) -> None:

@@ -192,3 +192,25 @@ def test_bench_mpis_smoke(tmp_path):
     assert row["mpich"] > 0 and row["openmpi"] > 0 and row["openmpi_vs_mpich"] > 0
     assert res["reports"]["sparse"]["openmpi"][0]["mpi"]["windows"] == "shared"
     assert "openmpi vs mpich" in r.stdout
+
+
+def _have_torchrec() -> bool:
+    import importlib.util
+    return importlib.util.find_spec("torchrec") is not None and importlib.util.find_spec("fbgemm_gpu") is not None
+
+
+@pytest.mark.skipif(not _have_torchrec(), reason="TorchRec is optional: scripts/run setup --peers (the test command installs it)")
+def test_bench_peers_smoke_trains_the_same_model_as_torchrec(tmp_path):
+    """bench_peers.py on the main job, 2 ranks, table-wise: both train the same model from the same
+    rows on the same samples, so their AUCs agree to 0.003 (measured: 0.0001)."""
+    import subprocess
+    import sys
+    out = tmp_path / "peers.json"
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_peers.py"), "--workloads", "main", "--ranks", "2",
+                        "--steps", "40", "--warmup", "10", "--shardings", "table_wise", "--out", str(out)],
+                       capture_output=True, text=True, timeout=600, env=__import__("mpirun").mpi_env())
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    case = json.loads(out.read_text())["cases"]["main_2"]
+    assert case["best_torchrec"] == "torchrec_table_wise" and case["torchrec_table_wise"]["samples_per_s"] > 0
+    assert abs(case["auc_hpcps_minus_best"]) < 0.003 and case["hpcps"]["auc"] > 0.7, case
+    assert "target >= 1.5" in r.stdout
