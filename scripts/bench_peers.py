@@ -6,8 +6,8 @@ rows, at equal ranks, alternating.
         [--out results/bench_peers.json]
 
 Needs the optional peers (`scripts/run setup --peers`: torchrec 1.8.0 and fbgemm-gpu-cpu 1.8.0,
-which load with torch 2.13.0); without them it says so and exits 3. On one host, for each workload
-and rank count N:
+which load with torch 2.13.0); without them it says so and exits 3. On this machine, or with --hosts H on H
+pretend hosts (the ranks spread over them, hosts sharing the CPUs), for each workload and rank count N:
   hpcps            `hpcps train`, 1 PS + N-1 workers, deterministic sync (its defaults)
   torchrec_<type>  scripts/torchrec_peer.py: DistributedModelParallel over gloo, N trainers, every
                    table sharded <type> (the types TorchRec shards on CPU; row_wise it refuses there)
@@ -21,6 +21,8 @@ difference (target within 0.003).
 
 import argparse
 import json
+import os
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -31,7 +33,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_e2e import _median, bench_hpcps  # noqa: E402
 from bench_host_loss import SMALL_DENSE  # noqa: E402
-from mpirun import run_mpi  # noqa: E402
+from mpirun import CLUSTER, run_mpi  # noqa: E402
 
 WORKLOADS = {"main": (ROOT / "examples" / "ctr.toml", []),
              "large": (ROOT / "examples" / "large.toml", ["data.scale=0.001", *SMALL_DENSE])}
@@ -46,6 +48,7 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=50)
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--shardings", default="table_wise,column_wise,table_column_wise,data_parallel")
+    p.add_argument("--hosts", type=int, default=1, help="pretend hosts (scripts/cluster.sh, needs root); 1: this machine")
     p.add_argument("--out", default="results/bench_peers.json")
     a = p.parse_args(argv)
     a.workloads, a.shardings = a.workloads.split(","), a.shardings.split(",")
@@ -64,9 +67,17 @@ def have_torchrec() -> bool:
     return True
 
 
+def spread(n: int, hosts: int) -> str | None:
+    """``h0:a,h1:b,...``: ``n`` ranks over the pretend hosts (None: this machine)."""
+    if hosts <= 1:
+        return None
+    return ",".join(f"h{h}:{n // hosts + (h < n % hosts)}" for h in range(hosts))
+
+
 def run_torchrec(args, cfg, sets, sharding: str, n: int) -> dict:
     r = run_mpi(n, [ROOT / "scripts" / "torchrec_peer.py", cfg, sharding, str(args.steps), str(args.warmup),
-                    "--set", *sets, *EVAL], timeout=1200)
+                    "--set", *sets, *EVAL], timeout=1200, hosts=spread(n, args.hosts),
+                env={"GLOO_SOCKET_IFNAME": "eth0"} if args.hosts > 1 else None)
     return json.loads([x for x in r.stdout.splitlines() if x.startswith('{"torchrec"')][0])["torchrec"]
 
 
@@ -76,7 +87,7 @@ def run_round(args, name: str, n: int, r: int, tmp) -> dict:
     out = {}
     for c in contenders[r % len(contenders):] + contenders[:r % len(contenders)]:
         if c == "hpcps":
-            x = bench_hpcps(str(cfg), args.steps, args.warmup, n, tmp, extra=[*sets, *EVAL])
+            x = bench_hpcps(str(cfg), args.steps, args.warmup, n, tmp, extra=[*sets, *EVAL], hosts=spread(n, args.hosts))
         else:
             x = run_torchrec(args, cfg, sets, c[len("torchrec_"):], n)
         out[c] = {"samples_per_s": x["samples_per_s"], "auc": x["auc"]}
@@ -92,6 +103,21 @@ def main(argv=None) -> int:
               "fbgemm-gpu-cpu 1.8.0", file=sys.stderr)
         return 3
     res = {"config": vars(args), "cases": {}}
+    if args.hosts > 1:
+        os.environ["HPCPS_CLUSTER"] = os.environ.get("HPCPS_CLUSTER_BENCH", "bq")
+        subprocess.run([str(CLUSTER), "up", str(args.hosts)], check=True, capture_output=True, text=True)
+    try:
+        _cases(args, res)
+    finally:
+        if args.hosts > 1:
+            subprocess.run([str(CLUSTER), "down", "--force"], capture_output=True, text=True)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(res, indent=1))
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _cases(args, res) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.workloads:
             for n in args.ranks:
@@ -108,10 +134,6 @@ def main(argv=None) -> int:
                       f"{peers[best]['samples_per_s']:,.0f} samples/s: {case['hpcps_vs_best_torchrec']:.2f}x "
                       f"(target >= 1.5); AUC {case['hpcps']['auc']:.4f} vs {peers[best]['auc']:.4f} "
                       f"(difference {case['auc_hpcps_minus_best']:+.4f}, target within 0.003)", flush=True)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(res, indent=1))
-    print(f"wrote {args.out}")
-    return 0
 
 
 if __name__ == "__main__":

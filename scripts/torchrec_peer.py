@@ -116,10 +116,13 @@ def main(argv) -> None:
     sets = argv[5:] if len(argv) > 4 and argv[4] == "--set" else []
     if sharding not in SHARDINGS:
         raise SystemExit(f"torchrec_peer.py: sharding must be one of {SHARDINGS}, got {sharding!r}")
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(29700 + os.getpid() % 200 if rank == 0 else 0))
-    os.environ["MASTER_PORT"] = str(comm.bcast(int(os.environ["MASTER_PORT"]), root=0))
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // node.Get_size()))   # as hpcps: the node's CPUs
+    import socket
+    here = (socket.gethostbyname(socket.gethostname()), 29700 + os.getpid() % 200) if rank == 0 else None
+    addr, port = comm.bcast(here, root=0)           # rank 0's address: across hosts too
+    os.environ.setdefault("MASTER_ADDR", addr)
+    os.environ.setdefault("MASTER_PORT", str(port))
     import torch.distributed as dist
     dist.init_process_group("gloo", rank=rank, world_size=world)
 
