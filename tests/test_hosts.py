@@ -268,6 +268,12 @@ def test_the_large_workload_on_16_ranks_and_4_hosts_survives_a_lost_host_bit_equ
     assert res["lost"]["processes_killed"] >= 4 and res["auc"] > 0.6
 
 
+def _file_step(path) -> int:
+    import h5py
+    with h5py.File(path, "r") as f:
+        return int(f.attrs["step"])
+
+
 def test_kills_during_local_and_partner_writes_never_load_a_corrupt_part(tmp_path):
     """Every rank killed at random moments while node-local checkpoints (and their partner copies
     across hosts) are written every step, full ones and deltas: every committed part verifies, and
@@ -293,6 +299,9 @@ def test_kills_during_local_and_partner_writes_never_load_a_corrupt_part(tmp_pat
         reap(proc)
         parts = [p for h in ("h0", "h1") for p in local.scan(host_local_dir(h, name, ck))]
         assert parts and all(p["ok"] for p in parts), [p["why"] for p in parts if not p["ok"]]
+        misfiled = [f"{p['path'].name}/{f.name}" for p in parts for f in p["path"].glob("ps-*.h5")
+                    if _file_step(f) != p["step"]]      # a partner copy of another step under this one
+        assert not misfiled, misfiled
     r = _train(4, "h0:2,h1:2", argv[6:-2] + ["job.steps=1", "data.rows_per_table=100000", "checkpoint.local_every=0"],
                check=False)
     assert r.returncode == 0, r.stderr[-2000:]

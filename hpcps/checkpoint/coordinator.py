@@ -3,7 +3,8 @@
 Protocol at a step boundary ``t`` (workers drive it, PS ranks follow from their serve loop):
 
 1. every worker: ``fence(t)``: every push of steps ``< t`` is applied on every PS;
-2. worker 0 creates ``step-t.tmp/`` and writes ``request = t`` into each PS's control words;
+2. worker 0 creates ``step-t.tmp/`` and writes ``request = t`` into each PS's control words
+   (once that PS published ``handled`` = the step asked before: one request word, none lost);
 3. each PS copies its shards and optimizer state to memory, publishes ``copied = t``, and
    writes its HDF5 file from a background thread (``written = t``, or ``error = t``);
 4. workers wait for ``copied = t`` on every PS (training pauses only for the copies), then go on;
@@ -39,7 +40,7 @@ from ..errors import HpcpsError
 from ..core.window import Window
 from . import local, store
 from .partner import Partners
-from .ps_writer import COPIED, DELTA, ERROR, FULL, KIND, LOCAL, LOCAL_DELTA, REQUEST, WRITTEN, PsWriter, links
+from .ps_writer import COPIED, DELTA, ERROR, FULL, HANDLED, KIND, LOCAL, LOCAL_DELTA, REQUEST, WORDS, WRITTEN, PsWriter, links
 from .shards import Background, write_dense
 
 __all__ = ["Checkpointer", "sharding_names"]
@@ -80,12 +81,13 @@ class Checkpointer(PsWriter):
         self._since_full = None                     # worker 0: checkpoints since the last full one
         self._last = None                           # worker 0: name of the last committed checkpoint
         self._base = None                           # worker 0: name of the last full checkpoint
-        self._win = Window(ctx.world, 40 if ctx.is_ps else 0, what="checkpoint control")
+        self._win = Window(ctx.world, 8 * WORDS if ctx.is_ps else 0, what="checkpoint control")
         # deterministic sync mode: rows change only in the PS's apply, so the PS cuts the checkpoint
         # before the next apply and the workers need not wait for its copy (hpcps.sparse.push)
         self.early = ctx.deterministic and ctx.control.kind == "sync"
         self._mine = self._win.local(np.int64) if ctx.is_ps else None     # PS: its words, this memory
         self._handled = -1            # PS: last request cut
+        self._asked = None            # worker 0: the last step asked for
         if ctx.is_ps:
             self._ps_start()
             self._mine[:] = -1
@@ -168,8 +170,10 @@ class Checkpointer(PsWriter):
             word = {"local": LOCAL, "local-delta": LOCAL_DELTA}[kind] if local_level else \
                 {"full": FULL, "delta": DELTA}[self._kind]
             for r in self.ctx.ps_world_ranks:
+                self._wait_handled(r)
                 self._put(r, KIND, word)
                 self._put(r, REQUEST, step)
+            self._asked = step
         if local_level:                 # every worker follows the chain (a host's first one writes it down)
             delta = self._local_next_delta()
             self._local_since = self._local_since + 1 if delta else 0
@@ -231,6 +235,17 @@ class Checkpointer(PsWriter):
             self.timings.append({"step": step, "kind": kind, "bytes": None, "stall_s": stall,
                                  "write_s": time.perf_counter() - asked})
         return True
+
+    def _wait_handled(self, r: int) -> None:
+        """Worker 0, before asking PS world rank ``r`` for a checkpoint: until it cut the one asked
+        before. A PS reads one request word; in deterministic sync mode workers do not wait for the
+        copy, and a request written over one not yet cut would lose that cut on this PS alone (its
+        partner copies would then pair with the wrong steps)."""
+        misses, started = 0, time.monotonic()
+        while self._asked is not None and self._get(r, HANDLED) < self._asked:
+            time.sleep(0.0002)
+            misses += 1
+            overdue(started, misses, f"checkpoint at step {self._asked}: PS world rank {r} has not cut it")
 
     def _wait_copied(self, step: int) -> None:
         """Until every PS copied its shards for the checkpoint at ``step``."""

@@ -111,6 +111,10 @@ class Partners:
         for p, ((step, shard, digest), data, reqs) in list(self._pieces.items()):
             if MPI.Request.Testall(reqs):
                 del self._pieces[p]
+                if step != self.step:        # never file one step's copy under another's part
+                    self.error = OSError(f"the partner copy of shard {shard} is of step {step}, expected "
+                                         f"step {self.step}")
+                    continue
                 self._writers.append(Background(write_bytes, self.tmp / shard_file(shard), data, digest,
                                                 self.file_mode))
                 self.received.append(shard)

@@ -22,10 +22,12 @@ from ..core.wait import overdue
 from . import local, store
 from .shards import Background, shard_file, write_shard
 
-__all__ = ["PsWriter", "links", "FULL", "DELTA", "LOCAL", "LOCAL_DELTA", "REQUEST", "COPIED", "WRITTEN", "ERROR", "KIND"]
+__all__ = ["PsWriter", "links", "FULL", "DELTA", "LOCAL", "LOCAL_DELTA", "REQUEST", "COPIED", "WRITTEN", "ERROR", "KIND",
+           "HANDLED", "WORDS"]
 
 logger = logging.getLogger(__name__)
-REQUEST, COPIED, WRITTEN, ERROR, KIND = 0, 1, 2, 3, 4      # control words
+REQUEST, COPIED, WRITTEN, ERROR, KIND, HANDLED = 0, 1, 2, 3, 4, 5      # control words (HANDLED: the last request cut)
+WORDS = 6
 FULL, DELTA, LOCAL, LOCAL_DELTA = 0, 1, 2, 3                # KIND: filesystem full / delta, node-local full / delta
 
 
@@ -100,6 +102,7 @@ class PsWriter:
         level = "local" if kind in (LOCAL, LOCAL_DELTA) else "pfs"
         delta = kind in (DELTA, LOCAL_DELTA)
         self._handled = req
+        self._put(self.ctx.rank, HANDLED, req)
         chain = [*self._local_chain, req] if delta else [req]
         if level == "local":
             self._local_chain = chain
