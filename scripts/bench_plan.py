@@ -53,11 +53,41 @@ def cluster(*args):
     subprocess.run([str(CLUSTER), *args], check=True, capture_output=True, text=True)
 
 
+# an RMA round trip as a worker makes them (an 8-byte atomic read of a PS's word and a flush) to a
+# rank in its polling loop (hpcps's windows: Win.Allocate, Lock_all(MODE_NOCHECK)), median of 200
+RMA_PING = """
+import time, numpy as np
+from mpi4py import MPI
+c = MPI.COMM_WORLD
+win = MPI.Win.Allocate(64, 8, comm=c)
+win.Lock_all(MPI.MODE_NOCHECK)
+c.Barrier()
+if c.rank == 0:
+    res, ign, best = np.zeros(1, np.int64), np.zeros(1, np.int64), []
+    for rep in range(200):
+        t = time.perf_counter()
+        win.Get_accumulate([ign, MPI.INT64_T], [res, MPI.INT64_T], 1, (0, 1, MPI.INT64_T), op=MPI.NO_OP)
+        win.Flush(1)
+        best.append(time.perf_counter() - t)
+    c.send(None, 1)
+    print("RMAPING", sorted(best)[len(best) // 2], flush=True)
+else:
+    while not c.Iprobe(0):
+        win.Flush_all()
+    c.recv(source=0)
+win.Unlock_all()
+win.Free()
+"""
+
+
 def ping(message_bytes: int) -> dict:
-    """Round trips between h0 and h1 (the cluster is up): 8 bytes, and ``message_bytes``."""
+    """Round trips between h0 and h1 (the cluster is up): 8 bytes, ``message_bytes``, and an RMA
+    round trip as hpcps makes them (the model's latency: every round trip it charges is one)."""
     r = run_mpi(2, ["-c", PING, str(max(int(message_bytes), 8))], mpi4py_run=False, hosts="h0:1,h1:1")
     small, size, big = r.stdout.split("PING")[1].split()[:3]
-    return {"rtt_8b_s": float(small), "bytes": int(size), "bandwidth_bytes_s": 2 * int(size) / float(big)}
+    rma = run_mpi(2, ["-c", RMA_PING], mpi4py_run=False, hosts="h0:1,h1:1")
+    return {"rtt_8b_s": float(small), "rma_rtt_s": float(rma.stdout.split("RMAPING")[1].split()[0]),
+            "bytes": int(size), "bandwidth_bytes_s": 2 * int(size) / float(big)}
 
 
 def predicted(cfg_path, sets, nodes: int, cpus: int, net: dict | None) -> dict:
@@ -66,9 +96,9 @@ def predicted(cfg_path, sets, nodes: int, cpus: int, net: dict | None) -> dict:
     from hpcps.plan.model import Cluster, predict
     from hpcps.plan.workload import workload
     cfg = load_config(cfg_path, sets + ["job.num_ps=1"], environ={})
-    kw = {} if net is None else {"net_gbps": net["bandwidth_bytes_s"] * 8 / 1e9, "latency_s": net["rtt_8b_s"]}
+    kw = {} if net is None else {"net_gbps": net["bandwidth_bytes_s"] * 8 / 1e9, "latency_s": net["rma_rtt_s"]}
     cl = Cluster(nodes, cpus_per_node=cpus, mem_per_node=24e9, ranks_per_node=2 // nodes, **kw)
-    x = predict(workload(cfg), measure(cfg), cl, 1, remote=None if nodes == 1 else 1.0)
+    x = predict(workload(cfg), measure(cfg), cl, 1, remote=None if nodes == 1 else 1.0, loader=False)
     return {"samples_per_s": x["samples_per_s"], "terms_ms": {k: 1e3 * v for k, v in x["terms_s"].items()},
             "bottleneck": x["bottleneck"]}
 

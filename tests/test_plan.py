@@ -15,7 +15,7 @@ from hpcps.plan.model import Cluster, predict, search
 from mpirun import ROOT
 
 COSTS = Costs(gather_s_per_byte=1e-10, apply_s_per_row=1e-6, write_bytes_s=1e9, read_bytes_s=2e9,
-              dense_s_per_sample=1e-5)
+              dense_s_per_sample=1e-5, draw_s_per_sample=2e-6)
 
 
 def test_expected_distinct_rows_match_draws_and_the_large_table_approximation(monkeypatch):
@@ -51,6 +51,13 @@ def test_the_step_terms_follow_the_model():
     assert x["checkpoint_bytes"] == 1_000_000 * 16 * 4 and x["checkpoint_s"] == pytest.approx(64e6 / 1e9)
     assert x["ps_bytes"] == 1_000_000 * 24 * 4 / 2 and x["fits"]
     assert x["bottleneck"] == max(("pull", "compute", "push"), key=lambda k: t[k]) or x["bottleneck"] in t
+    assert t["draw"] == 0                               # 8 CPUs for 3 workers a node: a loader each
+    y = predict(w, COSTS, Cluster(2, cpus_per_node=4, mem_per_node=64e9, net_gbps=80, latency_s=1e-5, fs_gbps=1,
+                                  ranks_per_node=4), 2)
+    assert y["terms_s"]["draw"] == pytest.approx(b * 2e-6 / 1)         # 4 CPUs, 3 workers: they draw in the step
+    assert y["step_s"] == pytest.approx(sum(y["terms_s"][k] for k in ("draw", "pull", "compute", "push"))
+                                        + max(y["terms_s"]["apply"], y["terms_s"]["allreduce"]))
+    assert predict(w, COSTS, cl, 2, loader=False)["terms_s"]["draw"] == pytest.approx(b * 2e-6 / 2)
 
 
 def test_the_search_adds_ps_where_the_apply_bounds_the_step_and_refuses_what_does_not_fit():
@@ -81,4 +88,4 @@ def test_costs_are_timed_for_the_config(tmp_path):
     from hpcps.plan.costs import measure
     c = measure(load_config(ROOT / "tests" / "configs" / "tiny_ctr.toml", [], environ={}))
     assert all(v > 0 and np.isfinite(v) for v in c.to_dict().values())
-    assert c.dense_s_per_sample < 1e-3 and c.apply_s_per_row < 1e-4
+    assert c.dense_s_per_sample < 1e-3 and c.apply_s_per_row < 1e-4 and c.draw_s_per_sample < 1e-3

@@ -73,7 +73,8 @@ def run(args, cfg) -> int:
           f"fewest PS that fit: {fewest['num_ps']}")
     print(f"memory: {_gb(best['ps_bytes'])} a PS (rows, state, staging); {_gb(best['node_bytes'])} a node "
           f"of {_gb(cl.mem_per_node)}")
-    print(f"step: {1e3 * best['step_s']:.2f} ms = pull {1e3 * t['pull']:.2f} + dense {1e3 * t['compute']:.2f} + "
+    draw = f"draw {1e3 * t['draw']:.2f} + " if t["draw"] else ""
+    print(f"step: {1e3 * best['step_s']:.2f} ms = {draw}pull {1e3 * t['pull']:.2f} + dense {1e3 * t['compute']:.2f} + "
           f"push {1e3 * t['push']:.2f} + max(apply {1e3 * t['apply']:.2f}, all-reduce {1e3 * t['allreduce']:.2f}); "
           f"{best['samples_per_s']:,.0f} samples/s; bottleneck: {best['bottleneck']}")
     print(f"checkpoint: {_gb(best['checkpoint_bytes'])} in {best['checkpoint_s']:.1f} s; restore {best['restore_s']:.1f} s")

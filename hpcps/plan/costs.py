@@ -19,6 +19,8 @@ class Costs:
     read_bytes_s: float          # and its read back
     dense_s_per_sample: float    # forward, backward and the dense optimizer's step, one thread, at the
     #                              config's batch (at most 1024)
+    draw_s_per_sample: float = 0.0   # drawing a training batch from the data source, one thread (a worker
+    #                              without a loader process draws its own, in the step)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -95,8 +97,25 @@ def _dense(cfg, batch: int) -> float:
             opt.zero_grad()
             torch.nn.functional.binary_cross_entropy_with_logits(model(dense, sparse), y).backward()
             opt.step()
-        step()
-        return _best(step, 3) / batch
+        for _ in range(3):           # the allocator's and the kernels' first calls are slower
+            step()
+        return _best(step, 7) / batch
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _draw(cfg) -> float:
+    """A worker's drawing of its batch (every sample of ``cfg``'s batch: one worker), per sample."""
+    import torch
+
+    from ..data import make_data
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        src = make_data(cfg.data, cfg.job.seed, 1, 0)
+        steps = iter(range(1 << 30))
+        src.train_batch(next(steps))             # builds the id distributions once
+        return _best(lambda: src.train_batch(next(steps)), 5) / cfg.data.batch_size
     finally:
         torch.set_num_threads(threads)
 
@@ -106,4 +125,5 @@ def measure(cfg) -> Costs:
     dim = cfg.model.dim
     write, read = _hdf5()
     # the dense part at the config's batch, up to 1024 (a worker's share; per sample, larger batches cost less)
-    return Costs(_gather(dim), _apply(cfg, dim), write, read, _dense(cfg, max(16, min(cfg.data.batch_size, 1024))))
+    return Costs(_gather(dim), _apply(cfg, dim), write, read, _dense(cfg, max(16, min(cfg.data.batch_size, 1024))),
+                 _draw(cfg))

@@ -10,6 +10,8 @@ each worker with ``b = B / W`` samples:
   over the PS ranks, through a PS node's link shared by its PS; those on its own node gathered from
   memory (``gather``);
 - ``compute``: ``b x dense_s_per_sample`` on the worker's cores (``cores_per_worker``);
+- ``draw``: ``b x draw_s_per_sample`` on them too, where the worker draws its own batches (no loader
+  process: ``pipeline.loader`` auto runs one where a node has two CPUs a worker); else 0;
 - ``push``: the same rows' gradients, as the pull but with three round trips to each PS
   (``3 P x alpha``, counted);
 - ``apply``: a PS applies its share of the global batch's distinct rows (``apply_s_per_row``);
@@ -17,7 +19,7 @@ each worker with ``b = B / W`` samples:
   ``2 log2(W) alpha + 2 (W - 1) / W x bytes / beta``; it overlaps the PS's apply (the next pull
   waits for both).
 
-``step = pull + compute + push + max(apply, allreduce)``; the bottleneck is the largest term.
+``step = draw + pull + compute + push + max(apply, allreduce)``; the bottleneck is the largest term.
 Checkpoint: every PS writes its share, ``bytes / min(fs, P x write_bytes_s)``; restore the same with
 reads. Memory per node: its PS ranks' shards (rows, state, staging) and its workers (a base per
 process plus the dense parameters, gradients and optimizer state)."""
@@ -58,10 +60,12 @@ class Cluster:
         return self.net_gbps * 1e9 / 8
 
 
-def predict(w: Workload, c: Costs, cl: Cluster, num_ps: int, remote: float | None = None) -> dict:
+def predict(w: Workload, c: Costs, cl: Cluster, num_ps: int, remote: float | None = None,
+            loader: bool | None = None) -> dict:
     """The figures of one layout: ``num_ps`` PS spread over the nodes, the other ranks workers.
     ``remote``: the share of a worker's rows on other nodes, where the layout is not that (a PS
-    node without workers: 1); default ``1 - 1/N``."""
+    node without workers: 1); default ``1 - 1/N``. ``loader``: whether a loader process draws each
+    worker's batches off its step; default as ``pipeline.loader = auto`` decides."""
     R, N = cl.ranks, cl.nodes
     W = R - num_ps
     if W < 1 or num_ps < 1:
@@ -81,12 +85,15 @@ def predict(w: Workload, c: Costs, cl: Cluster, num_ps: int, remote: float | Non
     pull = num_ps * PULL_TRIPS * cl.latency_s + moved
     push = num_ps * PUSH_TRIPS * cl.latency_s + moved
     compute = b * c.dense_s_per_sample / cores
+    if loader is None:
+        loader = cl.cpus_per_node >= 2 * math.ceil(workers_here)
+    draw = 0.0 if loader else b * c.draw_s_per_sample / cores
     apply = w.unique_rows(w.batch) / num_ps * c.apply_s_per_row
     dense_bytes = 4 * w.dense_params
     allreduce = (2 * math.log2(W) * cl.latency_s + 2 * (W - 1) / W * dense_bytes / cl.beta) if W > 1 else 0.0
-    terms = {"pull": pull, "compute": compute, "push": push, "apply": apply, "allreduce": allreduce}
-    step = pull + compute + push + max(apply, allreduce)
-    on_path = {"pull": pull, "compute": compute, "push": push,
+    terms = {"draw": draw, "pull": pull, "compute": compute, "push": push, "apply": apply, "allreduce": allreduce}
+    step = draw + pull + compute + push + max(apply, allreduce)
+    on_path = {"draw": draw, "pull": pull, "compute": compute, "push": push,
                ("apply" if apply >= allreduce else "allreduce"): max(apply, allreduce)}
     mem = (ps_here * w.ps_bytes(num_ps) + math.ceil(workers_here) * (WORKER_BASE_BYTES + dense_bytes * (2 + w.stateful_dense))
            + (ps_here * WORKER_BASE_BYTES))
