@@ -46,7 +46,7 @@ def test_bench_checkpoint_smoke(tmp_path):
     import sys
     out = tmp_path / "b.json"
     subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_checkpoint.py"), "--dir", str(tmp_path / "d"),
-                    "--rows", "5000", "--steps", "20", "--out", str(out), "--part", "pfs"], check=True,
+                    "--rows", "5000", "--steps", "20", "--out", str(out), "--part", "pfs", "--ranks", "3"], check=True,
                    capture_output=True, timeout=600, env=__import__("mpirun").mpi_env())
     r = json.loads(out.read_text())
     assert r["checkpoint_bytes"] > 0 and r["write_bandwidth_mb_s"] > 0 and r["dd_bandwidth_mb_s"] > 0
@@ -60,7 +60,7 @@ def test_bench_checkpoint_levels_smoke(tmp_path):
     import sys
     out = tmp_path / "b.json"
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_checkpoint.py"), "--dir", str(tmp_path / "d"),
-                        "--part", "levels", "--rounds", "1", "--level-steps", "20", "--workloads", "main",
+                        "--part", "levels", "--rounds", "1", "--level-steps", "20", "--workloads", "main", "--ranks", "3",
                         "--restores", "1", "--out", str(out)], capture_output=True, text=True, timeout=600,
                        env=__import__("mpirun").mpi_env())
     assert r.returncode == 0, r.stderr[-3000:]
