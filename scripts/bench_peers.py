@@ -3,7 +3,7 @@ rows, at equal ranks, alternating.
 
     .venv/bin/python scripts/bench_peers.py [--workloads main,large] [--ranks 2,4] [--steps 300]
         [--warmup 50] [--repeat 1] [--shardings table_wise,column_wise,table_column_wise,data_parallel]
-        [--out results/bench_peers.json]
+        [--hosts 1] [--dense-backend auto] [--large-scale 0.001] [--out results/bench_peers.json]
 
 Needs the optional peers (`scripts/run setup --peers`: torchrec 1.8.0 and fbgemm-gpu-cpu 1.8.0,
 which load with torch 2.13.0); without them it says so and exits 3. On this machine, or with --hosts H on H
@@ -12,7 +12,7 @@ pretend hosts (the ranks spread over them, hosts sharing the CPUs), for each wor
   torchrec_<type>  scripts/torchrec_peer.py: DistributedModelParallel over gloo, N trainers, every
                    table sharded <type> (the types TorchRec shards on CPU; row_wise it refuses there)
 Workloads: main (examples/ctr.toml: 8 tables, dot interaction, batch 1024) and large
-(examples/large.toml's 26 tables at data.scale 0.001, 204k rows, dim 128, the small dense part
+(examples/large.toml's 26 tables at data.scale --large-scale: 204k rows at 0.001, dim 128, the small dense part
 of scripts/bench_host_loss.py, batch 512). Samples/s timed after --warmup steps; AUC on 20,000
 held-out samples at the end. --repeat N runs N rounds, each starting with another contender; the
 medians are reported. Prints hpcps / the best TorchRec sharding (target >= 1.5) and the AUC
@@ -49,6 +49,9 @@ def parse_args(argv=None):
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--shardings", default="table_wise,column_wise,table_column_wise,data_parallel")
     p.add_argument("--hosts", type=int, default=1, help="pretend hosts (scripts/cluster.sh, needs root); 1: this machine")
+    p.add_argument("--dense-backend", default="auto", help="hpcps's model.dense_backend (gloo: across TCP hosts)")
+    p.add_argument("--large-scale", type=float, default=0.001,
+                   help="data.scale of the large workload (0.01: 2.04M rows, 2.1 GB of rows and Adagrad state)")
     p.add_argument("--out", default="results/bench_peers.json")
     a = p.parse_args(argv)
     a.workloads, a.shardings = a.workloads.split(","), a.shardings.split(",")
@@ -83,11 +86,15 @@ def run_torchrec(args, cfg, sets, sharding: str, n: int) -> dict:
 
 def run_round(args, name: str, n: int, r: int, tmp) -> dict:
     cfg, sets = WORKLOADS[name]
+    if name == "large":
+        sets = [f"data.scale={args.large_scale}" if x.startswith("data.scale=") else x for x in sets]
     contenders = ["hpcps"] + [f"torchrec_{s}" for s in args.shardings]
     out = {}
     for c in contenders[r % len(contenders):] + contenders[:r % len(contenders)]:
         if c == "hpcps":
-            x = bench_hpcps(str(cfg), args.steps, args.warmup, n, tmp, extra=[*sets, *EVAL], hosts=spread(n, args.hosts))
+            x = bench_hpcps(str(cfg), args.steps, args.warmup, n, tmp, hosts=spread(n, args.hosts),
+                            extra=[*sets, *EVAL, f"model.dense_backend={args.dense_backend}"],
+                            env={"GLOO_SOCKET_IFNAME": "eth0"} if args.hosts > 1 else None)
         else:
             x = run_torchrec(args, cfg, sets, c[len("torchrec_"):], n)
         out[c] = {"samples_per_s": x["samples_per_s"], "auc": x["auc"]}

@@ -94,14 +94,14 @@ def _check_model(cfg: Config) -> None:
     _check(not (m.dynamic_tables and str(cfg.pipeline.prefetch).lower() in ("on", "true", "yes", "1")),
            "pipeline.prefetch", cfg.pipeline.prefetch, "a dynamic table is pulled in its step (model.dynamic_tables)")
     _check(all(x >= 1 for x in m.bottom_mlp + m.top_mlp), "model.top_mlp", m.top_mlp, "sizes must be >= 1")
-    _check(m.dense_backend in ("auto", "shm", "mpi", "nccl"), "model.dense_backend", m.dense_backend,
-           "must be auto, shm, mpi or nccl")
+    _check(m.dense_backend in ("auto", "shm", "mpi", "gloo", "nccl"), "model.dense_backend", m.dense_backend,
+           "must be auto, shm, mpi, gloo or nccl")
     _check(m.bucket_mb > 0, "model.bucket_mb", m.bucket_mb, "must be > 0")
     _check(m.threads >= 0, "model.threads", m.threads, "must be >= 0 (0: the node's CPUs / its ranks)")
     _check(m.device in ("cpu", "cuda"), "model.device", m.device, "must be cpu or cuda")
     _check(not (m.device == "cpu" and m.dense_backend == "nccl"), "model.dense_backend", m.dense_backend,
            "nccl needs model.device = cuda")
-    _check(not (m.device == "cuda" and m.dense_backend in ("mpi", "shm")), "model.dense_backend",
+    _check(not (m.device == "cuda" and m.dense_backend in ("mpi", "shm", "gloo")), "model.dense_backend",
            m.dense_backend, f"{m.dense_backend} all-reduces CPU tensors; use auto or nccl with model.device = cuda")
 
 

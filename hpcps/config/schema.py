@@ -89,12 +89,13 @@ class ModelConfig:
     cross_rank: int = 0         # their rank (0: full; MLPerf's DLRM-DCNv2: 512)
     interaction: str = "dot"    # dlrm: dot (pairwise dot products) | dcn (cross layers: DLRM-DCNv2)
     device: str = "cpu"         # cpu | cuda (dense layers; tables stay on the PS ranks)
-    dense_backend: str = "auto"  # auto: nccl for cuda; cpu: shm if the workers share a node, else mpi | shm | mpi | nccl
+    dense_backend: str = "auto"  # auto: nccl for cuda; cpu: shm if the workers share a node, else mpi | shm | mpi | gloo | nccl
+    #                             (gloo: hosts joined by TCP alone, where MPI's all-reduce moves only while polled)
     bucket_mb: float = 4.0
     threads: int = 0            # torch threads per rank; 0: this node's CPUs / its ranks (at least 1)
     fuse_tables: bool = True    # dlrm: every table in one table-batched hpcps table (one pull, push, apply per step)
     sharding: str = "modulo"    # row placement over the PS ranks: modulo (id % P) | range (contiguous)
-    nccl_host: str = ""         # address worker 0 offers for the NCCL bootstrap ("" = its hostname's)
+    nccl_host: str = ""         # address worker 0 offers for the NCCL or gloo bootstrap ("" = its hostname's)
     init: str = "auto"          # embedding rows' initialiser: auto | uniform | normal | zeros (MF biases: zeros)
     init_scale: float = 0.0     # uniform half-width / normal std; 0: auto (DLRM sqrt(1/rows), MF 0.1)
     embedding_l2: float = 0.0   # per-occurrence L2 on the looked-up rows, in the loss (0: off)

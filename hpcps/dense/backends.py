@@ -1,4 +1,4 @@
-"""All-reduce backends for DenseSync: shared memory and MPI (CPU tensors), NCCL (CUDA tensors).
+"""All-reduce backends for DenseSync: shared memory, MPI and gloo (CPU tensors), NCCL (CUDA tensors).
 
 Each backend takes a flat tensor and starts a non-blocking in-place SUM over
 the worker ranks, returning an object with ``test()`` and ``wait()``.
@@ -18,7 +18,7 @@ from ..core import wait as _wait
 from ..core.wait import wait_request
 from ..errors import HpcpsError
 
-__all__ = ["MPIBackend", "NCCLBackend", "ShmBackend", "make_backend", "SHM_MAX_BYTES"]
+__all__ = ["MPIBackend", "NCCLBackend", "GlooBackend", "ShmBackend", "make_backend", "SHM_MAX_BYTES"]
 
 SHM_MAX_BYTES = 256 << 20     # "auto" picks the shared-memory backend up to this footprint per node
 
@@ -197,7 +197,7 @@ class ShmBackend:
             self._win = None
 
 
-class _NCCLWork:
+class _TorchWork:
     def __init__(self, work):
         self._work = work
 
@@ -208,13 +208,51 @@ class _NCCLWork:
         self._work.wait()
 
 
-class NCCLBackend:
-    """NCCL over the worker ranks only, bootstrapped through MPI. Collective over ``comm``.
+def _torch_group(comm: MPI.Comm, backend: str, host: str | None, **init):
+    """A ``torch.distributed`` process group of ``backend`` over the ranks of ``comm``, bootstrapped
+    through MPI: rank 0 opens a ``TCPStore`` on a free port of ``host`` (default
+    ``$HPCPS_NCCL_HOST``, else its hostname's address) and sends the address. Returns
+    ``(torch.distributed, store)``. Collective over ``comm``."""
+    import torch.distributed as dist
+    rank, size = comm.Get_rank(), comm.Get_size()
+    addr = None
+    if rank == 0:
+        host = host or os.environ.get("HPCPS_NCCL_HOST") or socket.gethostbyname(socket.gethostname())
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        addr = (host, port)
+    host, port = comm.bcast(addr, root=0)
+    try:
+        store = dist.TCPStore(host, port, size, is_master=(rank == 0))
+        if not dist.is_initialized():
+            dist.init_process_group(backend, store=store, rank=rank, world_size=size, **init)
+    except Exception as e:      # noqa: BLE001 - wrapped once at the boundary
+        raise HpcpsError(f"{backend} bootstrap over MPI failed ({host}:{port}): {e}") from e
+    return dist, store
 
-    Worker 0 opens a ``torch.distributed.TCPStore`` on a free port and sends
-    its address over MPI; every worker then joins a NCCL process group of the
-    worker ranks on ``cuda:(node-local worker index % device count)``.
-    """
+
+class _TorchBackend:
+    """All-reduces through a ``torch.distributed`` process group of the worker ranks."""
+
+    def broadcast(self, tensor, root: int = 0) -> None:
+        self._dist.broadcast(tensor.data, src=root)
+
+    def prepare(self, flats) -> None:
+        pass
+
+    def allreduce_async(self, flat) -> _TorchWork:
+        counts.allreduce(flat.numel() * flat.element_size())
+        return _TorchWork(self._dist.all_reduce(flat, op=self._dist.ReduceOp.SUM, async_op=True))
+
+    def close(self) -> None:
+        if self._dist.is_initialized():
+            self._dist.destroy_process_group()
+
+
+class NCCLBackend(_TorchBackend):
+    """NCCL over the worker ranks only, bootstrapped through MPI (:func:`_torch_group`), each
+    worker on ``cuda:(node-local worker index % device count)``. Collective over ``comm``."""
 
     name = "nccl"
 
@@ -230,54 +268,36 @@ class NCCLBackend:
         self.device = torch.device("cuda", local.Get_rank() % torch.cuda.device_count())
         local.Free()
         torch.cuda.set_device(self.device)
-        rank, size = comm.Get_rank(), comm.Get_size()
-        addr = None
-        if rank == 0:
-            host = host or os.environ.get("HPCPS_NCCL_HOST") or socket.gethostbyname(socket.gethostname())
-            with socket.socket() as s:
-                s.bind(("", 0))
-                port = s.getsockname()[1]
-            addr = (host, port)
-        host, port = comm.bcast(addr, root=0)
-        try:
-            self.store = dist.TCPStore(host, port, size, is_master=(rank == 0))
-            self.group = None
-            if not dist.is_initialized():
-                dist.init_process_group("nccl", store=self.store, rank=rank, world_size=size,
-                                        device_id=self.device)
-            self.group = dist.group.WORLD
-        except Exception as e:      # noqa: BLE001 - wrapped once at the boundary
-            raise HpcpsError(f"NCCL bootstrap over MPI failed ({host}:{port}): {e}") from e
-        self._dist = dist
+        self._dist, self.store = _torch_group(comm, "nccl", host, device_id=self.device)
 
-    def broadcast(self, tensor, root: int = 0) -> None:
-        self._dist.broadcast(tensor.data, src=root, group=self.group)
 
-    def prepare(self, flats) -> None:
-        pass
+class GlooBackend(_TorchBackend):
+    """Gloo over the worker ranks only (CPU tensors), bootstrapped through MPI
+    (:func:`_torch_group`). Its all-reduce runs on gloo's own threads over TCP while the worker
+    computes, where ``MPI_Iallreduce`` moves only while its ranks poll it: on hosts joined by TCP
+    alone (no RDMA) that polling is most of a step. Gloo picks the interface of the store's
+    address, or ``GLOO_SOCKET_IFNAME``. Collective over ``comm``."""
 
-    def allreduce_async(self, flat) -> _NCCLWork:
-        counts.allreduce(flat.numel() * flat.element_size())
-        return _NCCLWork(self._dist.all_reduce(flat, op=self._dist.ReduceOp.SUM, group=self.group,
-                                               async_op=True))
+    name = "gloo"
 
-    def close(self) -> None:
-        if self._dist.is_initialized():
-            self._dist.destroy_process_group()
+    def __init__(self, comm: MPI.Comm, host: str | None = None):
+        self.comm = comm
+        self.device = "cpu"
+        self._dist, self.store = _torch_group(comm, "gloo", host)
 
 
 def make_backend(name: str, comm: MPI.Comm, device, nbytes: int = 0,
-                 nccl_host: str | None = None) -> "MPIBackend | NCCLBackend | ShmBackend":
+                 nccl_host: str | None = None) -> "MPIBackend | NCCLBackend | ShmBackend | GlooBackend":
     """``auto`` picks NCCL for CUDA modules; for CPU ones shared memory when every worker is on
     one node and its ``2 x workers x nbytes`` (the buckets' bytes) fit in ``SHM_MAX_BYTES``, else
-    MPI. ``nccl_host``: the address worker 0 offers for the NCCL bootstrap (config key
+    MPI; ``gloo`` only when asked. ``nccl_host``: the address worker 0 offers for the NCCL or gloo bootstrap (config key
     ``model.nccl_host``; default ``$HPCPS_NCCL_HOST``, else its hostname's). Collective over ``comm``."""
     cpu = getattr(device, "type", str(device)) == "cpu"
     if name == "auto":
         name = "mpi" if cpu else "nccl"
         if cpu and 2 * comm.Get_size() * nbytes <= SHM_MAX_BYTES and _one_node(comm):
             name = "shm"
-    if name in ("mpi", "shm") and not cpu:
+    if name in ("mpi", "shm", "gloo") and not cpu:
         raise ValueError(f"dense backend '{name}' needs CPU tensors, the module is on {device}")
     if name == "mpi":
         return MPIBackend(comm)
@@ -285,4 +305,6 @@ def make_backend(name: str, comm: MPI.Comm, device, nbytes: int = 0,
         return ShmBackend(comm)
     if name == "nccl":
         return NCCLBackend(comm, nccl_host)
-    raise ValueError(f"dense backend must be auto, shm, mpi or nccl, got {name!r}")
+    if name == "gloo":
+        return GlooBackend(comm, nccl_host)
+    raise ValueError(f"dense backend must be auto, shm, mpi, gloo or nccl, got {name!r}")

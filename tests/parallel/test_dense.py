@@ -14,7 +14,7 @@ def _net(seed):
 
 
 @pytest.mark.mpi(min_size=2)
-@pytest.mark.parametrize("backend", ["mpi", "shm"])
+@pytest.mark.parametrize("backend", ["mpi", "shm", "gloo"])
 @pytest.mark.parametrize("bucket_mb", [1e-4, 4.0])          # many small buckets, or one
 def test_dense_sync_equals_average(bucket_mb, backend):
     comm = MPI.COMM_WORLD
@@ -63,7 +63,7 @@ def test_dense_sync_one_worker_leaves_gradients_alone(backend):
 
 
 @pytest.mark.mpi(min_size=2)
-@pytest.mark.parametrize("backend", ["mpi", "shm"])
+@pytest.mark.parametrize("backend", ["mpi", "shm", "gloo"])
 def test_dense_sync_unused_parameter_contributes_zero(backend):
     comm = MPI.COMM_WORLD
     net = torch.nn.ModuleDict({"used": torch.nn.Linear(3, 1), "unused": torch.nn.Linear(3, 1)})
