@@ -3,7 +3,7 @@ rows, at equal ranks, alternating.
 
     .venv/bin/python scripts/bench_peers.py [--workloads main,large] [--ranks 2,4] [--steps 300]
         [--warmup 50] [--repeat 1] [--shardings table_wise,column_wise,table_column_wise,data_parallel]
-        [--hosts 1] [--dense-backend auto] [--large-scale 0.001] [--out results/bench_peers.json]
+        [--hosts 1 [--split-cpus]] [--dense-backend auto] [--large-scale 0.001] [--out results/bench_peers.json]
 
 Needs the optional peers (`scripts/run setup --peers`: torchrec 1.8.0 and fbgemm-gpu-cpu 1.8.0,
 which load with torch 2.13.0); without them it says so and exits 3. On this machine, or with --hosts H on H
@@ -49,6 +49,9 @@ def parse_args(argv=None):
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--shardings", default="table_wise,column_wise,table_column_wise,data_parallel")
     p.add_argument("--hosts", type=int, default=1, help="pretend hosts (scripts/cluster.sh, needs root); 1: this machine")
+    p.add_argument("--split-cpus", action="store_true",
+                   help="with --hosts: each pretend host gets CPUs of its own (scripts/cluster.sh up --split-cpus), "
+                        "as real hosts have; else they share this machine's and each sees them all")
     p.add_argument("--dense-backend", default="auto", help="hpcps's model.dense_backend (gloo: across TCP hosts)")
     p.add_argument("--large-scale", type=float, default=0.001,
                    help="data.scale of the large workload (0.01: 2.04M rows, 2.1 GB of rows and Adagrad state)")
@@ -112,7 +115,8 @@ def main(argv=None) -> int:
     res = {"config": vars(args), "cases": {}}
     if args.hosts > 1:
         os.environ["HPCPS_CLUSTER"] = os.environ.get("HPCPS_CLUSTER_BENCH", "bq")
-        subprocess.run([str(CLUSTER), "up", str(args.hosts)], check=True, capture_output=True, text=True)
+        subprocess.run([str(CLUSTER), "up", str(args.hosts), *(["--split-cpus"] if args.split_cpus else [])],
+                       check=True, capture_output=True, text=True)
     try:
         _cases(args, res)
     finally:
