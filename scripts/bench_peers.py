@@ -80,10 +80,14 @@ def spread(n: int, hosts: int) -> str | None:
     return ",".join(f"h{h}:{n // hosts + (h < n % hosts)}" for h in range(hosts))
 
 
+def gloo_env(args) -> dict | None:
+    """Pretend hosts: gloo (TorchRec's, and hpcps's dense_backend = gloo) on their network's interface."""
+    return {"GLOO_SOCKET_IFNAME": "eth0"} if args.hosts > 1 else None
+
+
 def run_torchrec(args, cfg, sets, sharding: str, n: int) -> dict:
     r = run_mpi(n, [ROOT / "scripts" / "torchrec_peer.py", cfg, sharding, str(args.steps), str(args.warmup),
-                    "--set", *sets, *EVAL], timeout=1200, hosts=spread(n, args.hosts),
-                env={"GLOO_SOCKET_IFNAME": "eth0"} if args.hosts > 1 else None)
+                    "--set", *sets, *EVAL], timeout=1200, hosts=spread(n, args.hosts), env=gloo_env(args))
     return json.loads([x for x in r.stdout.splitlines() if x.startswith('{"torchrec"')][0])["torchrec"]
 
 
@@ -97,7 +101,7 @@ def run_round(args, name: str, n: int, r: int, tmp) -> dict:
         if c == "hpcps":
             x = bench_hpcps(str(cfg), args.steps, args.warmup, n, tmp, hosts=spread(n, args.hosts),
                             extra=[*sets, *EVAL, f"model.dense_backend={args.dense_backend}"],
-                            env={"GLOO_SOCKET_IFNAME": "eth0"} if args.hosts > 1 else None)
+                            env=gloo_env(args))
         else:
             x = run_torchrec(args, cfg, sets, c[len("torchrec_"):], n)
         out[c] = {"samples_per_s": x["samples_per_s"], "auc": x["auc"]}

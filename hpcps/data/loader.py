@@ -38,7 +38,7 @@ import numpy as np
 from ..core import wait as _wait
 from .base import Batch
 
-__all__ = ["BatchAhead", "placement", "supported"]
+__all__ = ["BatchAhead", "placement", "supported", "fits"]
 
 _ERR_BYTES = 4096
 _PR_SET_PDEATHSIG = 1
@@ -53,6 +53,12 @@ def supported() -> bool:
     """Whether :class:`BatchAhead` runs here: Linux on x86-64, whose store order publishes a slot's
     data before the counter that announces it (plain stores to shared memory). Local."""
     return sys.platform.startswith("linux") and platform.machine() in ("x86_64", "AMD64")
+
+
+def fits(workers: int, cpus: int) -> bool:
+    """Whether ``pipeline.loader = auto`` runs a loader for each of ``workers`` on a node of ``cpus``:
+    each worker and each loader gets a CPU of its own (the PS ranks mostly wait). Local, pure."""
+    return 2 * workers <= cpus
 
 
 def placement(index: int, workers: int) -> tuple[int, set] | None:

@@ -106,18 +106,11 @@ def _dense(cfg, batch: int) -> float:
 
 def _draw(cfg) -> float:
     """A worker's drawing of its batch (every sample of ``cfg``'s batch: one worker), per sample."""
-    import torch
-
     from ..data import make_data
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        src = make_data(cfg.data, cfg.job.seed, 1, 0)
-        steps = iter(range(1 << 30))
-        src.train_batch(next(steps))             # builds the id distributions once
-        return _best(lambda: src.train_batch(next(steps)), 5) / cfg.data.batch_size
-    finally:
-        torch.set_num_threads(threads)
+    src = make_data(cfg.data, cfg.job.seed, 1, 0)
+    steps = iter(range(1 << 30))
+    src.train_batch(next(steps))             # builds the id distributions once
+    return _best(lambda: src.train_batch(next(steps)), 5) / cfg.data.batch_size
 
 
 def measure(cfg) -> Costs:

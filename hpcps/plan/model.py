@@ -27,6 +27,7 @@ process plus the dense parameters, gradients and optimizer state)."""
 import math
 from dataclasses import dataclass
 
+from ..data.loader import fits as loader_fits
 from .costs import Costs
 from .workload import Workload
 
@@ -86,7 +87,7 @@ def predict(w: Workload, c: Costs, cl: Cluster, num_ps: int, remote: float | Non
     push = num_ps * PUSH_TRIPS * cl.latency_s + moved
     compute = b * c.dense_s_per_sample / cores
     if loader is None:
-        loader = cl.cpus_per_node >= 2 * math.ceil(workers_here)
+        loader = loader_fits(math.ceil(workers_here), cl.cpus_per_node)
     draw = 0.0 if loader else b * c.draw_s_per_sample / cores
     apply = w.unique_rows(w.batch) / num_ps * c.apply_s_per_row
     dense_bytes = 4 * w.dense_params

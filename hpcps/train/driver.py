@@ -18,6 +18,7 @@ from ..context import init
 from ..core import counts
 from ..data import make_data
 from ..data.loader import BatchAhead, placement
+from ..data.loader import fits as loader_fits
 from ..data.loader import supported as loader_supported
 from ..models import get_kind
 from ..monitor.monitor import Monitor
@@ -139,8 +140,7 @@ def _loader(cfg, ctx, data, start: int, steps: int, tables) -> BatchAhead | None
     a kind of one part (DLRM, LR) the loader also checks and indexes each batch's ids (:class:`hpcps.nn.IdPlan`). Local."""
     ps = set(ctx.ps_world_ranks)
     here = sorted(r for r in ctx.node_ranks if r not in ps)
-    fits = 2 * len(here) <= ctx.node_cpus
-    where = placement(here.index(ctx.rank), len(here)) if fits else None
+    where = placement(here.index(ctx.rank), len(here)) if loader_fits(len(here), ctx.node_cpus) else None
     if not resolve_switch(cfg.pipeline.loader, where is not None) or steps - start < 2:
         return None
     if not loader_supported():
