@@ -49,7 +49,8 @@ def test_an_overloaded_ps_raises_an_alert_and_stops_for_a_restart_with_more_ps(t
     assert [a["alert"] for a in final["alerts"]] == ["ps_overloaded"] and final["alerts"][0]["suggest_num_ps"] == 2
     assert final["steps"] < 400 and json.loads((ck / "STOPPED").read_text())["alert"]["rule"] == "ps_overloaded"
     assert json.loads((ck / "LAYOUT").read_text())["job.num_ps"] == 2        # slurm/train.sbatch follows it
-    assert max(p["busy"] for x in recs if "monitor" in x for p in x["ps"]) > 0.9
+    # records keep 3 decimals; the alert fired on the unrounded share over monitor.ps_busy = 0.9
+    assert max(p["busy"] for x in recs if "monitor" in x for p in x["ps"]) >= 0.9
     r = run_mpi(3, ["monitor_cases.py", "plain", *sets, "--set", "job.num_ps=2"], timeout=180)
     final = json.loads(r.stdout.splitlines()[-1])["final"]
     assert final["steps"] == 400 and final["num_ps"] == 2 and not final["stopped"] and final["alerts"] == []
