@@ -222,6 +222,56 @@ def train_many(n: int, runs, env=None, timeout: float = 300, hosts: str | None =
     return out
 
 
+def selected(request) -> list:
+    """The parameters (``{name: value}``) of this session's selected tests that use the fixture
+    asking (``request``) in its module: a module fixture that runs every case in one launch runs
+    only the cases selected (``-k``, ``-m openmpi``)."""
+    return [item.callspec.params if hasattr(item, "callspec") else {} for item in request.session.items
+            if getattr(item, "module", None) is request.module and request.fixturename in item.fixturenames]
+
+
+def run_many(n: int, runs: dict, env=None, timeout: float = 600) -> dict:
+    """Several test programs in one launch of ``n`` ranks (``programs/many.py``): ``runs`` maps a tag
+    to ``[program.py, args...]``. Returns ``{tag: the stdout of every rank of that run, rank 0
+    first}``; the launch's stderr under the key ``None``. One run's failure fails them all."""
+    import json
+    import tempfile
+    tags = list(runs)
+    with tempfile.TemporaryDirectory(prefix="hpcps-many-") as d:
+        spec = Path(d) / "runs.json"
+        spec.write_text(json.dumps([{"tag": t, "argv": [str(PROGRAMS / str(runs[t][0])), *map(str, runs[t][1:])]}
+                                    for t in tags]))
+        r = run_mpi(n, ["many.py", spec, d], timeout=timeout, env=env)
+        out = {None: r.stderr}
+        for i, t in enumerate(tags):
+            out[t] = "".join((Path(d) / f"{i}.{rank}").read_text() for rank in range(n))
+    return out
+
+
+def run_selected(request, launch: dict, root: Path, timeout: float = 900) -> dict:
+    """For a module fixture (``request``): the programs of this session's selected tests in its
+    module that use it, batched into one launch per (ranks, thread level) with ``run_many`` (each
+    rank of a launch costs ~1.3 s of CPU to import torch). ``launch`` maps a test function's name
+    to ``f(params, dir) -> [(ranks, MPI_THREAD_MULTIPLE?, [program.py, args...]), ...]``; each
+    test has a directory of its own under ``root``. Returns ``{test name: ([stdout of each of its
+    runs], its directory)}``."""
+    groups, dirs = {}, {}
+    for i, item in enumerate(request.session.items):
+        if getattr(item, "module", None) is not request.module or request.fixturename not in item.fixturenames:
+            continue
+        dirs[item.name] = d = root / f"t{i}"
+        d.mkdir()
+        params = item.callspec.params if hasattr(item, "callspec") else {}
+        for j, (n, multiple, argv) in enumerate(launch[item.originalname](params, d)):
+            groups.setdefault((n, multiple), {})[(item.name, j)] = argv
+    out = {}
+    for (n, multiple), runs in groups.items():
+        got = run_many(n, runs, env={"HPCPS_MPI_THREADS": "multiple"} if multiple else None, timeout=timeout)
+        for name, j in runs:
+            out.setdefault(name, ([], dirs[name]))[0].append(got[(name, j)])
+    return out
+
+
 def launch_mpi(n: int, argv, env=None, tag: str = "", hosts: str | None = None) -> subprocess.Popen:
     """Start ``mpiexec -n n python -m mpi4py argv...`` in its own process group (caller must reap it).
     ``tag`` marks every rank's environment so ``rank_pid`` can find them."""

@@ -10,20 +10,30 @@ import numpy as np
 
 import pytest
 
-from mpirun import run_mpi
+from mpirun import run_mpi, run_selected
+
+
+# the launches of the two tests below, batched by rank count (mpirun.run_selected)
+LAUNCH = {"test_sync_mode_equals_a_one_process_reference_for_any_int64_id":
+          lambda p, d: [(p["n"], False, ["dynamic_sync.py", p["num_ps"], p["opt"], 12])],
+          "test_admission_eviction_and_stats_over_mpi_in_async_mode": lambda p, d: [(3, False, ["dynamic_misc.py"])]}
+
+
+@pytest.fixture(scope="module")
+def batched(request, tmp_path_factory):
+    return run_selected(request, LAUNCH, tmp_path_factory.mktemp("dynamic"), timeout=400)
 
 
 @pytest.mark.parametrize("n,num_ps,opt", [(3, 1, "adagrad"), (4, 2, "adam"), (5, 2, "sgd")])
-def test_sync_mode_equals_a_one_process_reference_for_any_int64_id(n, num_ps, opt):
-    r = run_mpi(n, ["dynamic_sync.py", num_ps, opt, 12], timeout=180)
-    got = re.findall(r"OK worker \d+ size (\d+) checksum ([0-9.]+)", r.stdout)
-    assert len(got) == n - num_ps and len(set(got)) == 1, r.stdout
+def test_sync_mode_equals_a_one_process_reference_for_any_int64_id(batched, request, n, num_ps, opt):
+    out = batched[request.node.name][0][0]
+    got = re.findall(r"OK worker \d+ size (\d+) checksum ([0-9.]+)", out)
+    assert len(got) == n - num_ps and len(set(got)) == 1, out
     assert int(got[0][0]) > 300                           # most of the 508 ids were seen and stored
 
 
-def test_admission_eviction_and_stats_over_mpi_in_async_mode():
-    r = run_mpi(3, ["dynamic_misc.py"], timeout=120)
-    assert "OK dynamic misc" in r.stdout
+def test_admission_eviction_and_stats_over_mpi_in_async_mode(batched, request):
+    assert "OK dynamic misc" in batched[request.node.name][0][0]
 
 
 def _shards(tmp_path, pattern: str) -> dict:

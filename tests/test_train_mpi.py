@@ -12,7 +12,7 @@ from hpcps.reference import train_reference
 from hpcps.core.ids import initial_rows
 from hpcps.data import make_data
 from hpcps.train import table_specs
-from mpirun import ROOT, run_mpi, train_many
+from mpirun import ROOT, run_mpi, run_selected, selected, train_many
 
 TINY = ROOT / "tests" / "configs" / "tiny_ctr.toml"
 CRITEO = ROOT / "tests" / "data" / "criteo_head1000.txt"
@@ -117,11 +117,21 @@ SWITCHES = {
 }
 
 
+def _wanted(params: dict) -> set:
+    """The cases of ``runs`` that a test with these parameters reads."""
+    if "opt" in params:
+        return {f"{params['layout']}-{params['opt'][0].split('=')[1]}"}
+    if "case" in params:
+        return {params["case"]}
+    return {f"{params['switch']}-{v}" for v in SWITCHES[params["switch"]][1]}
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """Every run of the equivalence tests above, grouped into one launch per (ranks, thread level)
-    (tests/programs/train_many.py: torch and MPI start once for the group). ``(dir, finals)``:
+def runs(request, tmp_path_factory):
+    """The runs of the selected equivalence tests above, grouped into one launch per (ranks, thread
+    level) (tests/programs/train_many.py: torch and MPI start once for the group). ``(dir, finals)``:
     the export of case ``c`` is ``dir / f"{c}.npz"``, its final summary ``finals[c]``."""
+    wanted = set().union(*map(_wanted, selected(request)))
     d = tmp_path_factory.mktemp("runs")
     ratings = d / "r.dat"
     rng = np.random.default_rng(0)
@@ -137,20 +147,32 @@ def runs(tmp_path_factory):
             groups.setdefault((n, False), {})[f"{name}-{v}"] = sets
     finals = {}
     for (n, multiple), cases in groups.items():
+        cases = {c: sets for c, sets in cases.items() if c in wanted}
+        if not cases:
+            continue
         got = train_many(n, {c: ["--config", TINY, "--set", *sets, f"job.export={d / c}.npz"] for c, sets in cases.items()},
                          env={"HPCPS_MPI_THREADS": "multiple"} if multiple else None, timeout=600)
         finals.update({c: got[c][0] for c in cases})
     return d, finals, ratings
 
 
-@pytest.mark.openmpi
-@pytest.mark.parametrize("opt,layout", CASES, ids=lambda x: x if isinstance(x, str) else x[0].split("=")[1])
+# the Open MPI leg (-m openmpi) runs these: the three layouts (shared memory; the communication
+# thread at MPI_THREAD_MULTIPLE; 2 PS over RMA), a model kind with its wide part, and the loader's
+# child process; every optimizer and model kind moves no other MPI call than these
+OPENMPI = {"1ps-2w-sgd", "1ps-3w-pipelined-adam", "2ps-3w-rma-pipelined-ftrl", "wide_deep-fused-1ps", "loader-3"}
+
+
+def _on_openmpi(*values, key):
+    return pytest.param(*values, marks=[pytest.mark.openmpi] if key in OPENMPI else [])
+
+
+@pytest.mark.parametrize("opt,layout", [_on_openmpi(o, lay, key=f"{lay}-{o[0].split('=')[1]}") for o, lay in CASES],
+                         ids=lambda x: x if isinstance(x, str) else x[0].split("=")[1])
 def test_sync_equals_single_process_torch(runs, opt, layout):
     _assert_matches_reference(runs[0] / f"{layout}-{opt[0].split('=')[1]}.npz", _case_sets(opt, layout))
 
 
-@pytest.mark.openmpi
-@pytest.mark.parametrize("case", list(OTHER))
+@pytest.mark.parametrize("case", [_on_openmpi(c, key=c) for c in OTHER], ids=list(OTHER))
 def test_sync_equals_single_process_torch_also(runs, case):
     """A table per feature (embedding L2, normal initial rows); decay, schedules and clipping;
     matrix factorisation on a ratings file; every other model kind (KINDS), fused and not, on 1
@@ -160,8 +182,7 @@ def test_sync_equals_single_process_torch_also(runs, case):
     _assert_matches_reference(d / f"{case}.npz", sets)
 
 
-@pytest.mark.openmpi
-@pytest.mark.parametrize("switch", list(SWITCHES))
+@pytest.mark.parametrize("switch", [_on_openmpi(c, key=c) for c in SWITCHES], ids=list(SWITCHES))
 def test_switches_that_change_no_bit(runs, switch):
     d, finals, _ = runs
     a, b = list(SWITCHES[switch][1])
@@ -201,17 +222,29 @@ def test_async_converges_like_sync():
     assert abs(res["bf16"]["auc"] - res["sync"]["auc"]) < 0.01, (res["bf16"]["auc"], res["sync"]["auc"])
 
 
+# bounded staleness: 1 PS + 3 workers, one of them slow, in one launch (mpirun.run_selected)
+SSP = {"test_ssp_bound_holds_with_a_slow_worker": lambda p, d: [(4, False, ["ssp_bound.py", f"ssp:{p['bound']}", 40])],
+       "test_async_has_no_bound": lambda p, d: [(4, False, ["ssp_bound.py", "async", 40])]}
+
+
+@pytest.fixture(scope="module")
+def ssp(request, tmp_path_factory):
+    return run_selected(request, SSP, tmp_path_factory.mktemp("ssp"), timeout=300)
+
+
+def _report(out: str) -> dict:
+    return [json.loads(x) for x in out.splitlines() if x.startswith("{")][-1]
+
+
 @pytest.mark.parametrize("bound", [1, 3])
-def test_ssp_bound_holds_with_a_slow_worker(bound):
-    r = run_mpi(4, ["ssp_bound.py", f"ssp:{bound}", 40], timeout=120)
-    rep = json.loads(r.stdout.strip().splitlines()[-1])
+def test_ssp_bound_holds_with_a_slow_worker(ssp, request, bound):
+    rep = _report(ssp[request.node.name][0][0])
     assert max(rep["max_staleness"]) == bound                 # reached, never exceeded
     assert rep["wait_seconds"][0] > 0.1                       # the fast worker was held back
 
 
-def test_async_has_no_bound():
-    r = run_mpi(4, ["ssp_bound.py", "async", 40], timeout=120)
-    rep = json.loads(r.stdout.strip().splitlines()[-1])
+def test_async_has_no_bound(ssp, request):
+    rep = _report(ssp[request.node.name][0][0])
     assert max(rep["max_staleness"]) > 3                      # the same run without SSP drifts
 
 

@@ -52,6 +52,7 @@ with hpcps.init(num_ps=num_ps, transport=transport, mode="sync") as ctx:
         gids = plain.sharding.global_ids(p)
         assert (plain.sharding.owner(gids) == p).all() and gids.size == plain.shard().shape[0]
         np.testing.assert_array_equal(plain.shard(), hpcps.initial_rows(SEED, "plain", gids, D))
+        ctx.world.Barrier()                                  # checked before any worker pushes
         ctx.serve()
         # snapshot / restore round trip on the trained rows (what checkpoints use)
         snap = staged.snapshot()
@@ -75,7 +76,7 @@ with hpcps.init(num_ps=num_ps, transport=transport, mode="sync") as ctx:
         everything = np.arange(N)
         for t in (plain, staged):
             np.testing.assert_array_equal(t.pull(everything), hpcps.initial_rows(SEED, t.name, everything, D))
-        ctx.worker_comm.Barrier()                            # every worker read the initial rows
+        ctx.world.Barrier()                                  # every worker read the initial rows, every PS its shard
         ids = np.concatenate([np.arange(w, N, W), [0, 0, N - 1]])      # own rows, and shared hot ones
         grads = np.ones((ids.size, D), np.float32)
         for step in range(ROUNDS):
