@@ -49,7 +49,9 @@ def test_the_step_terms_follow_the_model():
     assert t["allreduce"] == pytest.approx(2 * np.log2(6) * 1e-5 + 2 * 5 / 6 * 4000 / 10e9)
     assert x["step_s"] == pytest.approx(t["pull"] + t["compute"] + t["push"] + max(t["apply"], t["allreduce"]))
     assert x["checkpoint_bytes"] == 1_000_000 * 16 * 4 and x["checkpoint_s"] == pytest.approx(64e6 / 1e9)
-    assert x["ps_bytes"] == 1_000_000 * 24 * 4 / 2 and x["fits"]
+    # rows, Adagrad's sums and the staging copy; a push-mailbox slot of the whole shard (500k rows
+    # of an id and 8 floats: 20 MB, under the 64 MB budget) for each of the 3 workers on the other node
+    assert x["ps_bytes"] == 1_000_000 * 24 * 4 / 2 + 3 * (32 + 500_000 * 40) and x["fits"]
     assert x["bottleneck"] == max(("pull", "compute", "push"), key=lambda k: t[k]) or x["bottleneck"] in t
     assert t["draw"] == 0                               # 8 CPUs for 3 workers a node: a loader each
     y = predict(w, COSTS, Cluster(2, cpus_per_node=4, mem_per_node=64e9, net_gbps=80, latency_s=1e-5, fs_gbps=1,
@@ -58,6 +60,33 @@ def test_the_step_terms_follow_the_model():
     assert y["step_s"] == pytest.approx(sum(y["terms_s"][k] for k in ("draw", "pull", "compute", "push"))
                                         + max(y["terms_s"]["apply"], y["terms_s"]["allreduce"]))
     assert predict(w, COSTS, cl, 2, loader=False)["terms_s"]["draw"] == pytest.approx(b * 2e-6 / 2)
+
+
+def test_a_ps_counts_the_push_mailboxes_the_tables_make():
+    """The mailbox rule is hpcps.sparse.mailbox's (hpcps.core.settings.mailbox_slot_rows): a slot per
+    worker on another node (deterministic sync: per worker) of a stateful table, 64 MB a table in
+    all; none where a slot would be under 256 rows (unless ordered: then at least a row)."""
+    from hpcps.core.settings import MAILBOX_BYTES, mailbox_slot_rows
+    assert mailbox_slot_rows(1000, 4, 40) == 1000                     # the whole shard fits
+    assert mailbox_slot_rows(10**7, 4, 40) == MAILBOX_BYTES // 160     # the budget splits
+    assert mailbox_slot_rows(10**7, 10**4, 520) == 0                   # 12 rows a slot: none made
+    assert mailbox_slot_rows(10**7, 10**4, 520, ordered=True) == 12
+    assert mailbox_slot_rows(100, 0, 40) == mailbox_slot_rows(0, 5, 40) == 0
+    big = [wl.Table(4_000_000, 16, 16, "adagrad", 1.2, window=0), wl.Table(4_000_000, 16, 16, "adagrad", 1.2, window=0)]
+    fused = wl.Workload(tuple(big), 4096, 4, 1000, 2)
+    split = wl.Workload((big[0], wl.Table(4_000_000, 16, 16, "adagrad", 1.2, window=1)), 4096, 4, 1000, 2)
+    plain = wl.Workload((wl.Table(4_000_000, 16, 0, "sgd", 1.2),), 4096, 4, 1000, 2)
+    assert fused.mailbox_bytes(2, 30, 40) == pytest.approx(MAILBOX_BYTES, rel=1e-3)       # one table: one budget
+    assert split.mailbox_bytes(2, 30, 40) == pytest.approx(2 * MAILBOX_BYTES, rel=1e-3)
+    assert plain.mailbox_bytes(2, 30, 40) == 0 and fused.mailbox_bytes(2, 0, 40) == 0      # SGD; all on the node
+    ordered = wl.Workload(tuple(big), 4096, 4, 1000, 2, ordered=True)
+    assert ordered.mailbox_bytes(2, 0, 40) == pytest.approx(MAILBOX_BYTES, rel=1e-3)      # every worker a slot
+    assert fused.ps_bytes(2, 30, 40) == fused.ps_bytes(2) + fused.mailbox_bytes(2, 30, 40)
+    w = wl.workload(load_config(ROOT / "examples" / "large.toml", ["data.scale=0.001"], environ={}))
+    assert w.ordered and len({t.window for t in w.tables}) == 1        # sync, deterministic; tables fused
+    w = wl.workload(load_config(ROOT / "examples" / "large.toml", ["data.scale=0.001", "model.fuse_tables=false",
+                                                                    "job.mode=async"], environ={}))
+    assert not w.ordered and len({t.window for t in w.tables}) == 26
 
 
 def test_the_search_adds_ps_where_the_apply_bounds_the_step_and_refuses_what_does_not_fit():

@@ -17,10 +17,10 @@ if sys.version_info >= (3, 11):
 else:                                    # pragma: no cover
     import tomli as tomllib
 
-from .rules import SWITCHES, build_sparse_optimizer, parse_permissions, resolve_switch, validate
+from .rules import SWITCHES, build_sparse_optimizer, deterministic, parse_permissions, resolve_switch, validate
 from .schema import AUTO_EPOCHS, ENV_ALIASES, FORMATS, MODELS, Config, config_keys
 
-__all__ = ["Config", "load_config", "config_keys", "build_sparse_optimizer", "parse_permissions", "resolve_switch",
+__all__ = ["Config", "load_config", "config_keys", "build_sparse_optimizer", "deterministic", "parse_permissions", "resolve_switch",
            "validate", "SWITCHES", "ENV_ALIASES", "FORMATS", "MODELS"]
 
 

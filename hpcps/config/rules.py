@@ -27,6 +27,11 @@ def resolve_switch(value: str, auto: bool) -> bool:
     return auto if v == "auto" else v == "on"
 
 
+def deterministic(job) -> bool:
+    """``job.deterministic`` (of a config's ``[job]``) as a bool: ``auto`` is on in sync mode. Local."""
+    return resolve_switch(job.deterministic, job.mode == "sync")
+
+
 def parse_permissions(text, key: str) -> int:
     """An octal permission string ("0700", "750", "0o640") as an int; ``ValueError`` naming ``key``. Local."""
     try:

@@ -71,7 +71,7 @@ def run(args, cfg) -> int:
     t = best["terms_s"]
     print(f"layout: {best['num_ps']} PS + {best['workers']} workers (--set job.num_ps={best['num_ps']}); "
           f"fewest PS that fit: {fewest['num_ps']}")
-    print(f"memory: {_gb(best['ps_bytes'])} a PS (rows, state, staging); {_gb(best['node_bytes'])} a node "
+    print(f"memory: {_gb(best['ps_bytes'])} a PS (rows, state, staging, push mailboxes); {_gb(best['node_bytes'])} a node "
           f"of {_gb(cl.mem_per_node)}")
     draw = f"draw {1e3 * t['draw']:.2f} + " if t["draw"] else ""
     print(f"step: {1e3 * best['step_s']:.2f} ms = {draw}pull {1e3 * t['pull']:.2f} + dense {1e3 * t['compute']:.2f} + "

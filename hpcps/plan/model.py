@@ -21,8 +21,8 @@ each worker with ``b = B / W`` samples:
 
 ``step = draw + pull + compute + push + max(apply, allreduce)``; the bottleneck is the largest term.
 Checkpoint: every PS writes its share, ``bytes / min(fs, P x write_bytes_s)``; restore the same with
-reads. Memory per node: its PS ranks' shards (rows, state, staging) and its workers (a base per
-process plus the dense parameters, gradients and optimizer state)."""
+reads. Memory per node: its PS ranks' shards (rows, state, staging, push mailboxes) and its workers
+(a base per process plus the dense parameters, gradients and optimizer state)."""
 
 import math
 from dataclasses import dataclass
@@ -96,13 +96,14 @@ def predict(w: Workload, c: Costs, cl: Cluster, num_ps: int, remote: float | Non
     step = draw + pull + compute + push + max(apply, allreduce)
     on_path = {"draw": draw, "pull": pull, "compute": compute, "push": push,
                ("apply" if apply >= allreduce else "allreduce"): max(apply, allreduce)}
-    mem = (ps_here * w.ps_bytes(num_ps) + math.ceil(workers_here) * (WORKER_BASE_BYTES + dense_bytes * (2 + w.stateful_dense))
+    ps_bytes = w.ps_bytes(num_ps, far_workers=round(W * remote), workers=W)
+    mem = (ps_here * ps_bytes + math.ceil(workers_here) * (WORKER_BASE_BYTES + dense_bytes * (2 + w.stateful_dense))
            + (ps_here * WORKER_BASE_BYTES))
     ckpt = w.row_bytes
     fs = cl.fs_gbps * 1e9
     return {"num_ps": num_ps, "workers": W, "ranks": R, "samples_per_s": w.batch / step, "step_s": step,
             "terms_s": terms, "bottleneck": max(on_path, key=on_path.get),
-            "ps_bytes": w.ps_bytes(num_ps), "node_bytes": mem, "fits": mem <= MEMORY_SHARE * cl.mem_per_node,
+            "ps_bytes": ps_bytes, "node_bytes": mem, "fits": mem <= MEMORY_SHARE * cl.mem_per_node,
             "checkpoint_bytes": ckpt, "checkpoint_s": ckpt / min(fs, num_ps * c.write_bytes_s),
             "restore_s": ckpt / min(fs, num_ps * c.read_bytes_s)}
 

@@ -6,9 +6,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..config import Config
+from ..config import Config, deterministic
+from ..core.settings import mailbox_slot_bytes, mailbox_slot_rows
 from ..data.synthetic import synthetic_rows, wrapped_zipf_cdf
-from ..train.build import part_optimizer, table_parts
+from ..train.build import fused_tables, part_optimizer, table_parts
 
 __all__ = ["Table", "Workload", "workload", "table_rows", "expected_unique", "describe"]
 
@@ -23,6 +24,7 @@ class Table:
     state: int              # float32 of optimizer state per row
     optimizer: str
     zipf: float             # 0: ids of unknown distribution (every id of a batch counted distinct)
+    window: int = 0         # the hpcps table it is in (a part's tables fused into one share it)
 
 
 @dataclass(frozen=True)
@@ -32,16 +34,33 @@ class Workload:
     num_dense: int
     dense_params: int       # float32 parameters of the dense part (replicated on every worker)
     stateful_dense: int     # float32 of dense optimizer state per parameter
+    ordered: bool = False   # deterministic sync: every push through the mailboxes, every worker a slot
 
     @property
     def row_bytes(self) -> int:
         """Bytes of every table's rows and optimizer state: what a checkpoint writes."""
         return sum(4 * t.rows * (t.dim + t.state) for t in self.tables)
 
-    def ps_bytes(self, num_ps: int) -> float:
-        """Bytes one PS holds: its share of rows and state, and the staging copy of a stateful
-        optimizer's rows (hpcps.train.build.shard_bytes with staging)."""
-        return sum(4 * t.rows * (t.dim * (2 if t.state else 1) + t.state) for t in self.tables) / num_ps
+    def ps_bytes(self, num_ps: int, far_workers: int = 0, workers: int = 0) -> float:
+        """Bytes one PS holds: its share of rows and state, the staging copy of a stateful
+        optimizer's rows (none in deterministic sync: hpcps.train.build.shard_bytes with staging),
+        and the push mailboxes (:meth:`mailbox_bytes`)."""
+        rows = sum(4 * t.rows * (t.dim * (2 if t.state and not self.ordered else 1) + t.state)
+                   for t in self.tables) / num_ps
+        return rows + self.mailbox_bytes(num_ps, far_workers, workers)
+
+    def mailbox_bytes(self, num_ps: int, far_workers: int, workers: int) -> float:
+        """Bytes of one PS's push mailboxes: per hpcps table of a stateful optimizer, a slot for
+        each of the ``far_workers`` workers on other nodes (``ordered``: per table, a slot for each
+        of the ``workers``), at most 64 MB a table (``hpcps.core.settings.mailbox_slot_rows``;
+        float32 gradients)."""
+        slots = workers if self.ordered else far_workers
+        windows = {}
+        for t in self.tables:
+            if t.state or self.ordered:
+                windows.setdefault(t.window, [0, t.dim])[0] += t.rows
+        return sum(slots * mailbox_slot_bytes(cap, dim) for rows, dim in windows.values()
+                   for cap in [mailbox_slot_rows(-(-rows // num_ps), slots, 8 + 4 * dim, ordered=self.ordered)] if cap)
 
     def unique_rows(self, samples: int) -> float:
         """Expected distinct rows ``samples`` samples touch, summed over the tables."""
@@ -122,14 +141,16 @@ def workload(cfg: Config) -> Workload:
     tables = []
     for part, specs in table_parts(cfg, _standin(cfg, rows)):
         opt = part_optimizer(cfg, part, 1)
-        for _, r, dim, _, _ in specs:
+        fused, window = fused_tables(cfg, specs), len({t.window for t in tables})
+        for i, (_, r, dim, _, _) in enumerate(specs):
             state = sum(int(np.prod(s[1:], dtype=np.int64)) for s in opt.state_shapes(1, dim).values())
-            tables.append(Table(r, dim, state, type(opt).__name__.lower(), zipf))
+            tables.append(Table(r, dim, state, type(opt).__name__.lower(), zipf, window + (0 if fused else i)))
     model, embs = standin_model(cfg)
     emb = {id(e.weight) for e in embs}
     params = sum(p.numel() for p in model.parameters() if id(p) not in emb)
     dense_state = {"sgd": 0, "adagrad": 1, "adam": 2}.get(cfg.optimizer.dense.name, 2)
-    return Workload(tuple(tables), cfg.data.batch_size, cfg.data.num_dense, params, dense_state)
+    return Workload(tuple(tables), cfg.data.batch_size, cfg.data.num_dense, params, dense_state,
+                    deterministic(cfg.job))
 
 
 def describe(w: Workload) -> str:

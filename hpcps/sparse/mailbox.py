@@ -26,14 +26,16 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+from ..core import settings
 from ..core import wait as _wait
 from ..core.window import Window
 
 __all__ = ["Mailbox", "MAILBOX_BYTES", "MIN_SLOT_ROWS"]
 
-MAILBOX_BYTES = 64 << 20    # per table and PS: every slot together at most this (the slot shrinks);
-                            # $HPCPS_MAILBOX_BYTES overrides it (tests: pieces of ordered pushes)
-MIN_SLOT_ROWS = 256         # a slot of fewer rows than this (and than the shard) is not made
+MAILBOX_BYTES = settings.MAILBOX_BYTES      # per table and PS: every slot together at most this (the slot
+                                            # shrinks); $HPCPS_MAILBOX_BYTES overrides it (tests: pieces
+                                            # of ordered pushes)
+MIN_SLOT_ROWS = settings.MIN_SLOT_ROWS      # a slot of fewer rows than this (and than the shard) is not made
 _HEAD = 32
 
 
@@ -53,15 +55,12 @@ class Mailbox:
         for p, prank in enumerate(ctx.ps_world_ranks):
             far = [w for w, r in enumerate(ctx.worker_world_ranks)
                    if ordered or ctx.transport == "rma" or node[r] != node[prank]]
-            cap = min(int(shard_rows[p]), budget // max(len(far) * row_bytes, 1)) if far else 0
-            if ordered and far and shard_rows[p]:
-                cap = max(cap, 1)
-            elif cap < min(MIN_SLOT_ROWS, int(shard_rows[p])):
-                cap, far = 0, []
+            cap = settings.mailbox_slot_rows(shard_rows[p], len(far), row_bytes, budget, MIN_SLOT_ROWS, ordered)
+            far = far if cap or not shard_rows[p] else []
             self.caps.append(cap)
             self.slots.append({w: i for i, w in enumerate(far)})
         me = ctx.ps_rank
-        self.slot_bytes = [_HEAD + 8 * c + -(-c * dim * self.esize // 8) * 8 for c in self.caps]
+        self.slot_bytes = [settings.mailbox_slot_bytes(c, dim, self.esize) for c in self.caps]
         nbytes = len(self.slots[me]) * self.slot_bytes[me] if ctx.is_ps and self.caps[me] else 0
         self.window = Window(ctx.world, nbytes, what=f"{what} push mailbox")
         self._seq = [0] * ctx.num_ps            # worker: its last write to each PS, and the step then

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from ..config import AUTO_EPOCHS, Config, build_sparse_optimizer, resolve_switch
+from ..config import AUTO_EPOCHS, Config, build_sparse_optimizer, deterministic, resolve_switch
 from ..core.optimizers import LRSchedule
 from ..core.settings import parse_mode
 from ..data.synthetic import synthetic_rows
@@ -118,8 +118,10 @@ def shard_bytes(cfg: Config, data, steps: int, num_ps: int, staging: bool = Fals
     """About the bytes one PS holds of rows and optimizer state (float32), from the config: the
     tables' rows (a dynamic table's capacity) over the PS ranks; what a checkpoint of it writes.
     ``staging``: with the staged gradients of a PS that applies a stateful optimizer (a copy of
-    the rows' size). Local; alike on every rank."""
+    the rows' size; none in deterministic sync, where pushes wait in the mailboxes). Local; alike
+    on every rank."""
     total = 0
+    staging = staging and not deterministic(cfg.job)
     for rows, dim, part in _table_sizes(cfg, data):
         opt = part_optimizer(cfg, part, steps)
         state = sum(int(np.prod(shape[1:], dtype=np.int64)) for shape in opt.state_shapes(1, dim).values())

@@ -13,7 +13,7 @@ import torch
 from mpi4py import MPI
 
 from .. import checkpoint as ckpt_mod
-from ..config import Config, resolve_switch
+from ..config import Config, deterministic, resolve_switch
 from ..context import init
 from ..core import counts
 from ..data import make_data
@@ -126,11 +126,6 @@ def train(cfg: Config) -> dict | None:
         log.write({"final": summary})
         log.close()
     return world.bcast(summary, root=first_worker)
-
-
-def deterministic(j) -> bool:
-    """``job.deterministic`` as a bool: ``auto`` is on in sync mode. Local."""
-    return resolve_switch(j.deterministic, j.mode == "sync")
 
 
 def _loader(cfg, ctx, data, start: int, steps: int, tables) -> BatchAhead | None:
