@@ -43,7 +43,7 @@ class Workload:
 
     def ps_bytes(self, num_ps: int, far_workers: int = 0, workers: int = 0) -> float:
         """Bytes one PS holds: its share of rows and state, the staging copy of a stateful
-        optimizer's rows (none in deterministic sync: hpcps.train.build.shard_bytes with staging),
+        optimizer's rows (none in deterministic sync: hpcps.train.build.shard_bytes in memory),
         and the push mailboxes (:meth:`mailbox_bytes`)."""
         rows = sum(4 * t.rows * (t.dim * (2 if t.state and not self.ordered else 1) + t.state)
                    for t in self.tables) / num_ps

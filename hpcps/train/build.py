@@ -114,18 +114,22 @@ def _table_sizes(cfg: Config, data) -> list:
     return [(rows, dim, part) for part, specs in table_parts(cfg, data) for _, rows, dim, _, _ in specs]
 
 
-def shard_bytes(cfg: Config, data, steps: int, num_ps: int, staging: bool = False) -> int:
+def shard_bytes(cfg: Config, data, steps: int, num_ps: int, in_memory: bool = False) -> int:
     """About the bytes one PS holds of rows and optimizer state (float32), from the config: the
     tables' rows (a dynamic table's capacity) over the PS ranks; what a checkpoint of it writes.
-    ``staging``: with the staged gradients of a PS that applies a stateful optimizer (a copy of
-    the rows' size; none in deterministic sync, where pushes wait in the mailboxes). Local; alike
-    on every rank."""
+    ``in_memory``: with what the PS keeps beside them: the staged gradients of a table it applies
+    (a stateful optimizer or a 16-bit ``push_dtype``/``pull_dtype``; a copy of the rows' size, none
+    in deterministic sync, where pushes wait in the mailboxes) and the 16-bit copy of a 16-bit
+    ``pull_dtype``. Local; alike on every rank."""
+    p = cfg.pipeline
+    half = in_memory and p.pull_dtype != "float32"
+    staged = in_memory and not deterministic(cfg.job)
     total = 0
-    staging = staging and not deterministic(cfg.job)
     for rows, dim, part in _table_sizes(cfg, data):
         opt = part_optimizer(cfg, part, steps)
         state = sum(int(np.prod(shape[1:], dtype=np.int64)) for shape in opt.state_shapes(1, dim).values())
-        total += rows * (dim * (2 if staging and opt.stateful else 1) + state) * 4
+        applies = opt.stateful or p.pull_dtype != "float32" or p.push_dtype != "float32"
+        total += rows * (dim * (2 if staged and applies else 1) + state) * 4 + (rows * dim * 2 if half else 0)
     return -(-total // max(num_ps, 1))
 
 
@@ -255,13 +259,13 @@ def _gib(n: float) -> str:
 
 def check_table_memory(cfg: Config, ctx, data, steps: int) -> None:
     """What the tables take on each PS rank (rows, optimizer state, the staging copy of a PS that
-    applies) times this node's PS ranks, against the memory the node has available: a
+    applies, a 16-bit copy: ``shard_bytes(in_memory=True)``) times this node's PS ranks, against the memory the node has available: a
     ``ValueError`` saying both, before anything is allocated. Local (alike on a node's ranks)."""
     avail = mem_available()
     ps_here = len(set(ctx.node_ranks) & set(ctx.ps_world_ranks))
     if avail is None or not ps_here:
         return
-    per_ps = shard_bytes(cfg, data, steps, ctx.num_ps, staging=True)
+    per_ps = shard_bytes(cfg, data, steps, ctx.num_ps, in_memory=True)
     if per_ps * ps_here > avail:
         raise ValueError(f"config: the tables need {_gib(per_ps * ps_here)} of memory on this host ({ps_here} PS "
                          f"rank(s) x {_gib(per_ps)}: rows, optimizer state, staging) and it has {_gib(avail)} available: "
