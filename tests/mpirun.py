@@ -222,12 +222,21 @@ def train_many(n: int, runs, env=None, timeout: float = 300, hosts: str | None =
     return out
 
 
+def _users(request) -> list:
+    """This session's selected tests that use the module fixture asking (``request``), in its module."""
+    return [item for item in request.session.items
+            if getattr(item, "module", None) is request.module and request.fixturename in item.fixturenames]
+
+
+def _params(item) -> dict:
+    return item.callspec.params if hasattr(item, "callspec") else {}
+
+
 def selected(request) -> list:
     """The parameters (``{name: value}``) of this session's selected tests that use the fixture
     asking (``request``) in its module: a module fixture that runs every case in one launch runs
     only the cases selected (``-k``, ``-m openmpi``)."""
-    return [item.callspec.params if hasattr(item, "callspec") else {} for item in request.session.items
-            if getattr(item, "module", None) is request.module and request.fixturename in item.fixturenames]
+    return [_params(item) for item in _users(request)]
 
 
 def run_many(n: int, runs: dict, env=None, timeout: float = 600) -> dict:
@@ -256,13 +265,10 @@ def run_selected(request, launch: dict, root: Path, timeout: float = 900) -> dic
     test has a directory of its own under ``root``. Returns ``{test name: ([stdout of each of its
     runs], its directory)}``."""
     groups, dirs = {}, {}
-    for i, item in enumerate(request.session.items):
-        if getattr(item, "module", None) is not request.module or request.fixturename not in item.fixturenames:
-            continue
+    for i, item in enumerate(_users(request)):
         dirs[item.name] = d = root / f"t{i}"
         d.mkdir()
-        params = item.callspec.params if hasattr(item, "callspec") else {}
-        for j, (n, multiple, argv) in enumerate(launch[item.originalname](params, d)):
+        for j, (n, multiple, argv) in enumerate(launch[item.originalname](_params(item), d)):
             groups.setdefault((n, multiple), {})[(item.name, j)] = argv
     out = {}
     for (n, multiple), runs in groups.items():

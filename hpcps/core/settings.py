@@ -2,7 +2,7 @@
 Pure: imports no MPI, so ``hpcps.config`` validates with it before MPI starts. Local."""
 
 __all__ = ["F32_MAX", "parse_mode", "TRANSPORTS", "ROW_DTYPES", "RMA_READS", "WAIT_POLICIES", "THREAD_LEVELS",
-           "SHARDINGS", "MAILBOX_BYTES", "MIN_SLOT_ROWS", "mailbox_slot_rows", "mailbox_slot_bytes"]
+           "SHARDINGS", "MAILBOX_BYTES", "MIN_SLOT_ROWS", "MAILBOX_HEAD", "mailbox_slot_rows", "mailbox_slot_bytes"]
 
 TRANSPORTS = ("auto", "rma")        # auto: shared memory on the node, RMA across nodes; rma: RMA everywhere
 ROW_DTYPES = ("float32", "bfloat16", "float16")     # what rows (pull_dtype) and gradients (push_dtype) travel as
@@ -13,6 +13,7 @@ SHARDINGS = ("modulo", "range")                     # row placements by name (hp
 F32_MAX = 3.4028234663852886e38                     # the largest float32: rows, lrs and updates stay below it
 MAILBOX_BYTES = 64 << 20    # push mailboxes (hpcps.sparse.mailbox), per table and PS: every slot together at most this
 MIN_SLOT_ROWS = 256         # a slot of fewer rows than this (and than the shard) is not made
+MAILBOX_HEAD = 32           # a slot's header: [seq, rows, taken, 0] (int64)
 
 
 def parse_mode(mode: str) -> tuple[str, int]:
@@ -44,6 +45,6 @@ def mailbox_slot_rows(shard_rows: int, slots: int, row_bytes: int, budget: int =
 
 
 def mailbox_slot_bytes(rows: int, dim: int, esize: int = 4) -> int:
-    """Bytes of one mailbox slot of ``rows`` rows: a 32-byte header, the int64 ids, the gradients
+    """Bytes of one mailbox slot of ``rows`` rows: the header, the int64 ids, the gradients
     (``esize`` bytes each, padded to 8). Local, pure."""
-    return 32 + 8 * rows + -(-rows * dim * esize // 8) * 8
+    return MAILBOX_HEAD + 8 * rows + -(-rows * dim * esize // 8) * 8

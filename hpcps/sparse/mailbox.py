@@ -36,7 +36,7 @@ MAILBOX_BYTES = settings.MAILBOX_BYTES      # per table and PS: every slot toget
                                             # shrinks); $HPCPS_MAILBOX_BYTES overrides it (tests: pieces
                                             # of ordered pushes)
 MIN_SLOT_ROWS = settings.MIN_SLOT_ROWS      # a slot of fewer rows than this (and than the shard) is not made
-_HEAD = 32
+_HEAD = settings.MAILBOX_HEAD
 
 
 class Mailbox:

@@ -259,8 +259,9 @@ def _gib(n: float) -> str:
 
 def check_table_memory(cfg: Config, ctx, data, steps: int) -> None:
     """What the tables take on each PS rank (rows, optimizer state, the staging copy of a PS that
-    applies, a 16-bit copy: ``shard_bytes(in_memory=True)``) times this node's PS ranks, against the memory the node has available: a
-    ``ValueError`` saying both, before anything is allocated. Local (alike on a node's ranks)."""
+    applies, a 16-bit copy: ``shard_bytes(in_memory=True)``) times this node's PS ranks, against
+    the memory the node has available: a ``ValueError`` saying both, before anything is
+    allocated. Local (alike on a node's ranks)."""
     avail = mem_available()
     ps_here = len(set(ctx.node_ranks) & set(ctx.ps_world_ranks))
     if avail is None or not ps_here:
