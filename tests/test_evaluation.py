@@ -1,6 +1,6 @@
 """Evaluations during training: each epoch's end and every ``job.eval_every`` steps, the best
-checkpoint (``checkpoint.keep_best``, never pruned), early stopping, the export of the best, and a
-restart of an early-stopped run that trains no more (and refuses other data)."""
+checkpoint (``checkpoint.keep_best``, never pruned), early stopping, the export of the best, the
+best model restored at the end (``job.restore_best``), and a restart of an early-stopped run that trains no more (and refuses other data)."""
 
 import json
 import subprocess
@@ -55,6 +55,13 @@ def test_best_checkpoint_early_stop_export_and_a_restart_that_trains_no_more(rat
     assert {p.name for p in store.list_checkpoints(ck)} == {best["checkpoint"], f"step-{final['steps']:09d}"}
     got, want = np.load(out), tools.weights(best["path"])
     assert set(got.files) == set(want) and all(np.array_equal(got[k], want[k]) for k in want)
+    # the run ends with the best evaluation's model: the final line scores it, the last checkpoint holds it
+    assert final["restored_best"] == best_step and f"restored the best evaluation, step {best_step}" in r.stderr
+    assert final["rmse"] == pytest.approx(best_rmse, abs=1e-9) and final["rmse"] < evals[-1][1]
+    last = store.step_dir(ck, final["steps"])
+    assert store.read_manifest(last)["restored_best"] == best_step
+    held = tools.weights(last)
+    assert set(held) == set(want) and all(np.array_equal(held[k], want[k]) for k in want)
     ls = subprocess.run([sys.executable, "-m", "hpcps", "ckpt", "ls", str(ck)], capture_output=True, text=True)
     assert f"best rmse {best_rmse:.5g}" in ls.stdout
     # the same command again: that run is over

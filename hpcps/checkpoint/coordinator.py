@@ -40,7 +40,8 @@ from ..errors import HpcpsError
 from ..core.window import Window
 from . import local, store
 from .partner import Partners
-from .ps_writer import COPIED, DELTA, ERROR, FULL, HANDLED, KIND, LOCAL, LOCAL_DELTA, REQUEST, WORDS, WRITTEN, PsWriter, links
+from .ps_writer import (COPIED, DELTA, ERROR, FULL, HANDLED, KIND, LOAD, LOADED, LOCAL, LOCAL_DELTA, REQUEST, WORDS, WRITTEN,
+                        PsWriter, links)
 from .shards import Background, write_dense
 
 __all__ = ["Checkpointer", "sharding_names"]
@@ -378,6 +379,23 @@ class Checkpointer(PsWriter):
         another run's checkpoint this run did not build on."""
         step = int(name.split("-")[1])
         return step in self.committed or (self.resumed_step is not None and step < self.resumed_step)
+
+    def load(self, step: int) -> None:
+        """Every PS replaces its rows and optimizer state with those of the committed checkpoint
+        at ``step`` (:func:`hpcps.checkpoint.restore.restore_tables`, from its serve loop); returns
+        once all have. The caller loads the dense part. Called at the end of training, after the
+        last fence: no push is in flight. Collective over the worker communicator."""
+        self.wait_commit()
+        if self.is_lead:
+            for r in self.ctx.ps_world_ranks:
+                self._put(r, LOAD, step)
+            for r in self.ctx.ps_world_ranks:
+                misses, started = 0, time.monotonic()
+                while self._get(r, LOADED) != step:
+                    misses += 1
+                    time.sleep(0.001)
+                    overdue(started, misses, f"PS rank {r} loading the checkpoint of step {step}")
+        self.ctx.worker_comm.Barrier()
 
     def wait_commit(self) -> None:
         """Worker 0 (and a host's first worker, for its local part) blocks until the checkpoint in

@@ -18,16 +18,19 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ..core.wait import overdue
 from . import local, store
 from .shards import Background, shard_file, write_shard
 
 __all__ = ["PsWriter", "links", "FULL", "DELTA", "LOCAL", "LOCAL_DELTA", "REQUEST", "COPIED", "WRITTEN", "ERROR", "KIND",
-           "HANDLED", "WORDS"]
+           "HANDLED", "LOAD", "LOADED", "WORDS"]
 
 logger = logging.getLogger(__name__)
 REQUEST, COPIED, WRITTEN, ERROR, KIND, HANDLED = 0, 1, 2, 3, 4, 5      # control words (HANDLED: the last request cut)
-WORDS = 6
+LOAD, LOADED = 6, 7           # a checkpoint's step every PS is to load its rows from (the best, at the end); the one loaded
+WORDS = 8
 FULL, DELTA, LOCAL, LOCAL_DELTA = 0, 1, 2, 3                # KIND: filesystem full / delta, node-local full / delta
 
 
@@ -59,6 +62,7 @@ class PsWriter:
         self._writer = None           # its writing thread
         self._partnering = False      # its file is written, the partner copies travel
         self._local_chain = []        # the newest node-local cut's chain
+        self._loaded = -1             # the step of the checkpoint this PS last loaded (LOAD)
 
     def _ps_poll(self) -> bool:
         """Each poll of the serve loop: copy chunks, move the write in flight on, start the next,
@@ -71,8 +75,27 @@ class PsWriter:
             worked = True
         req = self._get(self.ctx.rank, REQUEST)
         if req <= self._handled or self.ctx.control.step < req or self._must_wait():
-            return worked
+            return self._load_asked() or worked
         self._handle(req)
+        return True
+
+    def _load_asked(self) -> bool:
+        """Load the rows and optimizer state of the checkpoint at the step worker 0 put into
+        ``LOAD`` (the best evaluation's, at the end of training: :meth:`Checkpointer.load`) once
+        no cut waits to be written, then publish ``LOADED``. True when it loaded. Every row counts
+        as changed for both levels' next checkpoint."""
+        step = self._get(self.ctx.rank, LOAD)
+        if step < 0 or step == self._loaded or self._cut is not None or self._cuts:
+            return False
+        from .restore import restore_tables
+        restore_tables(store.step_dir(self.root, step), self.ctx, self.tables)
+        for t in self.tables:
+            if t.dirty is not None:
+                t.dirty.mark_local(np.arange(t.dirty.local_rows))
+                t.dirty.window.sync()
+        self._loaded = step
+        self._put(self.ctx.rank, LOADED, step)
+        logger.debug("PS %d loaded the checkpoint of step %d", self.ctx.ps_rank, step)
         return True
 
     def _must_wait(self) -> bool:

@@ -32,6 +32,7 @@ class JobConfig:
     early_stop_patience: int = 0  # stop after this many evaluations without a better metric (0: never)
     export: str = ""            # .npz of the final weights written by worker 0 ("" = none)
     export_best: bool = False   # job.export writes the best checkpoint's weights (checkpoint.keep_best)
+    restore_best: bool = True   # at the end, the model becomes the best evaluation's (its checkpoint.keep_best checkpoint)
     wait: str = "auto"          # how waiting ranks wait: auto | yield | sleep (auto: sleep if the node is oversubscribed)
     rma_read: str = "auto"   # remote pulls: auto | get_accumulate (atomic per element) | get (faster)
     mpi_threads: str = "serialized"   # MPI thread level: single | funneled | serialized | multiple

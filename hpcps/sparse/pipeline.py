@@ -153,6 +153,10 @@ class RowCache:
         self._step[slots] = step
         self._rows[slots] = rows
 
+    def clear(self) -> None:
+        """Forget every row (the table's rows were replaced: a checkpoint loaded)."""
+        self._ids[:] = -1
+
     def take_counts(self) -> tuple[int, int]:
         """(lookups, hits) since the last call, and reset them."""
         out = (self.lookups, self.hits)

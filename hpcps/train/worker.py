@@ -25,6 +25,7 @@ import torch
 from mpi4py import MPI
 
 from .. import checkpoint as ckpt_mod
+from ..checkpoint.store import step_dir
 from ..config import AUTO_EPOCHS
 from ..core import counts, malloc
 from ..core.settings import parse_mode
@@ -118,6 +119,7 @@ class Worker:
         # data.trace (a testing aid): the first dense feature of every batch this worker trains
         self.trace = open(f"{cfg.data.trace}.{ctx.worker_rank}", "a") if cfg.data.trace else None
         self.next_batch = None
+        self.restored = None        # the step whose best evaluation's model the run ends with (job.restore_best)
         self.reported = {}          # step -> seconds its report took, when the lookup's hook made it
         # Early only where the loader makes the ids' plans: then the worker's work after its pushes
         # (~0.25 ms in the main job at 1 PS + 1 worker) is shorter than the PS's apply (~0.5 ms), which
@@ -299,11 +301,15 @@ class Worker:
         if self.bar is not None:
             self.bar.close()
         done_steps = step + 1 if steps > start else start
-        self.trigger.finish(done_steps if self.evals.stopped_early else steps, start, self.model, self.opt)
         elapsed = time.perf_counter() - t_start
         self.ctx.fence(done_steps)                         # every staged gradient is applied
         result = evaluate(self.model, self.data, self.comm, self.device)
         improved, _ = self.evals.observe(done_steps, result, final=True)
+        self.restored = self._restore_best(done_steps)
+        if self.restored is not None:                      # the final line tells the model it ends with
+            result = evaluate(self.model, self.data, self.comm, self.device)
+        # the final checkpoint: the model the run ends with (the best evaluation's, if restored)
+        self.trigger.finish(done_steps if self.evals.stopped_early else steps, start, self.model, self.opt)
         ckpt = self.trigger.ckpt
         if improved and self.evals.keep and ckpt is not None and done_steps in ckpt.committed:
             self.evals.mark(done_steps)
@@ -326,6 +332,40 @@ class Worker:
             return None, None
         return {**self._summary(result, done_steps, elapsed, all_stale), "exported": exported}, self.log
 
+    def _restore_best(self, done_steps: int) -> int | None:
+        """At the end of a run (not a stopped one) whose best evaluation came before its last step
+        (``job.restore_best``): every PS loads that evaluation's checkpoint and every worker its
+        dense part, so what the run leaves (final line, export, final checkpoint) is the best model.
+        Returns the step restored, or None. Collective over the worker communicator."""
+        best, ckpt = self.evals.best, self.trigger.ckpt
+        if not self.cfg.job.restore_best or best is None or best["step"] == done_steps or self.trigger.stopped:
+            return None
+        if not self.evals.keep or self.cfg.model.dynamic_tables:
+            if self.lead:
+                why = ("model.dynamic_tables" if self.cfg.model.dynamic_tables
+                       else "no checkpoint.dir and checkpoint.keep_best to keep it in")
+                logger.info("hpcps: the best evaluation was step %d, the final model is step %d's (%s)",
+                            best["step"], done_steps, why)
+            return None
+        step = best["step"]
+        path = step_dir(ckpt.root, step)
+        if not (path / "dense.h5").exists():    # alike on every worker (a shared checkpoint.dir)
+            if self.lead:
+                logger.warning("hpcps: the best evaluation's checkpoint %s is gone: the final model is step %d's",
+                               path, done_steps)
+            return None
+        ckpt.load(step)
+        ckpt_mod.restore_dense(path, self.model, self.opt, self.ctx.worker_rank)
+        for e in self.embs:                      # rows read before are the last step's
+            if e.cache is not None:
+                e.cache.clear()
+        meta = self.trigger.meta                 # the final checkpoint says whose model it holds
+        self.trigger.meta = lambda at: {**meta(at), "restored_best": step}
+        if self.lead:
+            logger.info("hpcps: restored the best evaluation, step %d (%s %.5g); the final model is that one",
+                        step, self.evals.metric, best["value"])
+        return step
+
     def _on_alert(self, alert: dict) -> None:
         # monitor.on_alert = checkpoint_and_stop: the workers agree on it as on a stop request
         if self.trigger.alert is None:
@@ -347,7 +387,7 @@ class Worker:
                 "wait_policy": ctx.wait_policy, "node_cpus": ctx.node_cpus, "malloc": malloc.mode(),
                 "mpi_threads": thread_level_name(), "sharding": self.tables[0].sharding.name,
                 "max_staleness": max(flat) if flat else 0, "data": self.data.stats,
-                "best": self.evals.summary(), "evaluations": self.evals.count,
+                "best": self.evals.summary(), "evaluations": self.evals.count, "restored_best": self.restored,
                 **({"dynamic_table": self.table_stats} if self.table_stats is not None else {}),
                 "early_stopped": self.evals.stopped_early,
                 **({"alerts": self.monitor.raised} if self.monitor is not None else {}),
