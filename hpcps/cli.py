@@ -17,14 +17,15 @@ BENCHES = ("e2e", "sparse_grid", "scaling", "checkpoint", "dtype", "hosts", "dat
            "quality", "predict", "monitor", "scale", "host_loss", "plan", "peers")   # bench_sparse.py runs under mpiexec itself
 
 
-def _setup_logging(level: str) -> None:
+def _setup_logging(level: str, mpi: bool = True) -> None:
     """hpcps's own messages from ``level`` (default info: the routine ones, such as the layout and
     what a restart resumed from, as INFO; what needs a look as WARNING); other libraries' from
-    WARNING. Local."""
-    from mpi4py import MPI
-    rank = MPI.COMM_WORLD.Get_rank()
-    logging.basicConfig(level=logging.WARNING,
-                        format=f"[rank {rank}] %(asctime)s %(name)s %(levelname)s: %(message)s")
+    WARNING. ``mpi``: the lines name the rank (a command without MPI starts none). Local."""
+    tag = ""
+    if mpi:
+        from mpi4py import MPI
+        tag = f"[rank {MPI.COMM_WORLD.Get_rank()}] "
+    logging.basicConfig(level=logging.WARNING, format=f"{tag}%(asctime)s %(name)s %(levelname)s: %(message)s")
     logging.getLogger("hpcps").setLevel(level.upper())
 
 
@@ -89,6 +90,8 @@ def _parser() -> argparse.ArgumentParser:
     add_parsers(sub)
     from .plan.cli import add_parser as add_plan
     add_plan(sub)
+    from .tune.cli import add_parser as add_tune
+    add_tune(sub)
     k = sub.add_parser("ckpt", help="list, verify, inspect and export checkpoints (no MPI launch needed)")
     ks = k.add_subparsers(dest="ckpt_command", required=True)
     kl = ks.add_parser("ls", help="checkpoints in a directory, newest last, with their state; then this host's "
@@ -236,6 +239,7 @@ def main(argv=None) -> int:
     if args.command == "baseline":
         from .baseline import run_baseline
         from .config import load_config
+        _setup_logging(args.log_level, mpi=False)            # its progress
         try:
             if not args.c > 0:
                 raise ValueError(f"--c {args.c}: must be > 0")
@@ -244,11 +248,13 @@ def main(argv=None) -> int:
             print(f"hpcps: error: {e}", file=sys.stderr)
             return 2
         return 0
-    if args.command == "plan":
+    if args.command in ("plan", "tune"):
         from .config import load_config
         from .plan.cli import run as run_plan
+        from .tune.cli import run as run_tune
+        _setup_logging(args.log_level, mpi=False)
         try:
-            return run_plan(args, load_config(args.config, args.set))
+            return run_plan(args, load_config(args.config, args.set)) if args.command == "plan" else run_tune(args)
         except (ValueError, OSError) as e:
             print(f"hpcps: error: {e}", file=sys.stderr)
             return 2
