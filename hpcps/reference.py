@@ -17,6 +17,7 @@ from .data import make_data
 from .core.ids import initial_rows
 from .core.optimizers import SGD, Adagrad, Adam, new_state
 from .models import embedding_penalty
+from .models.linear import linear_params
 from .train import build_model, dense_optimizer, dense_schedule, table_parts, total_steps
 from .train.build import part_optimizer
 
@@ -54,7 +55,7 @@ def train_reference(cfg: Config, steps: int | None = None) -> dict:
     emb_params = [e.weight for e in embs]
     emb_ids = {id(p) for p in emb_params}
     dense_params = [p for p in model.parameters() if id(p) not in emb_ids]
-    dopt = dense_optimizer(cfg.optimizer.dense, dense_params)
+    dopt = dense_optimizer(cfg.optimizer.dense, dense_params, linear_params(model))
     dsched = dense_schedule(cfg.optimizer.dense, steps)
     base = [g["lr"] for g in dopt.param_groups]
     # torch's own sparse optimizer for each optimizer's tables where torch has its lazy form, else None

@@ -132,11 +132,16 @@ class SparseOptimizerSection(OptimizerSection):
 
 
 @dataclass
+class DenseOptimizerSection(OptimizerSection):
+    linear_lr: float = 0.0      # the linear part's dense-feature weights and bias (lr, wide_deep, deepfm); 0: lr
+
+
+@dataclass
 class OptimizerConfig:
     sparse: SparseOptimizerSection = field(default_factory=lambda: SparseOptimizerSection(name="adagrad", lr=0.15))
     # the wide (one-dim, linear) tables of lr, wide_deep and deepfm; name "" = as [optimizer.sparse]
     wide: SparseOptimizerSection = field(default_factory=lambda: SparseOptimizerSection(name=""))
-    dense: OptimizerSection = field(default_factory=lambda: OptimizerSection(name="adam", lr=0.001))
+    dense: DenseOptimizerSection = field(default_factory=lambda: DenseOptimizerSection(name="adam", lr=0.001))
 
 
 @dataclass
@@ -196,6 +201,18 @@ class MonitorConfig:
 
 
 @dataclass
+class TuneConfig:
+    # hpcps tune: a search over [tune.space] with Optuna (docs/tuning.md)
+    trials: int = 20            # finished trials (complete or pruned) after which the study stops, over every search process
+    metric: str = ""            # the eval metric to optimise ("": auc for CTR, rmse for ratings)
+    study: str = "results/tune"  # directory: journal.log (Optuna's journal: resumed, shared by jobs), trials.md, best.toml, tune.png
+    ranks: int = 3              # MPI ranks of each trial (1 PS + the rest workers unless the space or config says)
+    launcher: str = ""          # runs a trial's ranks ("": the mpiexec beside python); {ranks} is replaced, e.g. "srun -n {ranks}"
+    pruning: bool = True        # stop a trial whose evaluations fall below the median of earlier trials' at the same step
+    space: dict = field(default_factory=dict)  # config key -> [choices] or {low, high, log}: [tune.space] in a TOML file
+
+
+@dataclass
 class Config:
     job: JobConfig = field(default_factory=JobConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -205,6 +222,7 @@ class Config:
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    tune: TuneConfig = field(default_factory=TuneConfig)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

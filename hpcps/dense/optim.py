@@ -28,7 +28,8 @@ _GROUP = {"sgd": {"dampening": 0.0, "nesterov": False, "maximize": False, "forea
 
 
 class FusedOptimizer:
-    """One param group of ``kind`` (``sgd``: ``lr, momentum, weight_decay``; ``adagrad``:
+    """Param groups (``params``: tensors, or dicts of ``params`` and their own hyper-parameters, as
+    ``torch.optim`` takes) of ``kind`` (``sgd``: ``lr, momentum, weight_decay``; ``adagrad``:
     ``lr, weight_decay, eps``; ``adam``: ``lr, betas, eps, weight_decay``) over float CPU or CUDA
     tensors. The parts of ``torch.optim.Optimizer`` that hpcps uses: ``param_groups``,
     ``state`` (per parameter), ``step()``, ``zero_grad()``, ``state_dict()``, ``load_state_dict()``. Local."""
@@ -37,16 +38,22 @@ class FusedOptimizer:
         if kind not in KINDS:
             raise ValueError(f"FusedOptimizer: kind must be one of {KINDS}, got {kind!r}")
         self.kind = kind
-        self.param_groups = [{"params": list(params), **hyper, **_GROUP[kind]}]
+        params = list(params)
+        groups = params if params and isinstance(params[0], dict) else [{"params": params}]
+        # as torch.optim: a group's own hyper-parameters (e.g. its lr) over the defaults given
+        self.param_groups = [{**hyper, **_GROUP[kind], **g, "params": list(g["params"])} for g in groups]
         self.state: dict = {}
         if kind == "adagrad":           # torch.optim.Adagrad fills its state when made
-            for p in self.param_groups[0]["params"]:
+            for p in self._params():
                 self.state[p] = {"step": torch.zeros((), dtype=torch.float32, device=p.device),
                                  "sum": torch.zeros_like(p, memory_format=torch.preserve_format)}
 
+    def _params(self) -> list:
+        return [p for g in self.param_groups for p in g["params"]]
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Drop (or zero) every parameter's gradient, as ``torch.optim``'s. Local."""
-        for p in self.param_groups[0]["params"]:
+        for p in self._params():
             if p.grad is None:
                 continue
             if set_to_none:
@@ -56,8 +63,12 @@ class FusedOptimizer:
 
     @torch.no_grad()
     def step(self) -> None:
-        """One step of every parameter that has a gradient (as ``torch.optim``'s fused step). Local."""
-        g = self.param_groups[0]
+        """One step of every parameter that has a gradient (as ``torch.optim``'s fused step: one
+        kernel a param group). Local."""
+        for g in self.param_groups:
+            self._step(g)
+
+    def _step(self, g) -> None:
         params = [p for p in g["params"] if p.grad is not None]
         if not params:
             return
@@ -103,28 +114,33 @@ class FusedOptimizer:
 
     def state_dict(self) -> dict:
         """``torch.optim.Optimizer.state_dict``'s layout: state by parameter index (tensors, not
-        copies), the param group with ``params`` as indices. Local."""
-        g = self.param_groups[0]
-        index = {id(p): i for i, p in enumerate(g["params"])}
+        copies; indices run on across the groups), each param group with ``params`` as indices. Local."""
+        index = {id(p): i for i, p in enumerate(self._params())}
         state = {index[id(p)]: dict(st) for p, st in self.state.items() if st}
-        group = {k: v for k, v in g.items() if k != "params"}
-        group["params"] = list(range(len(g["params"])))
-        return {"state": state, "param_groups": [group]}
+        groups, at = [], 0
+        for g in self.param_groups:
+            group = {k: v for k, v in g.items() if k != "params"}
+            group["params"] = list(range(at, at + len(g["params"])))
+            at += len(g["params"])
+            groups.append(group)
+        return {"state": state, "param_groups": groups}
 
     def load_state_dict(self, sd: dict) -> None:
         """Take a ``state_dict`` of this class or of the ``torch.optim`` optimizer of the same kind:
-        hyper-parameters from its group, state tensors cast to each parameter's dtype and device
+        hyper-parameters from its groups, state tensors cast to each parameter's dtype and device
         (``step`` kept float32, as torch keeps it for fused kernels). Local."""
         groups = sd["param_groups"]
-        g = self.param_groups[0]
-        if len(groups) != 1 or len(groups[0]["params"]) != len(g["params"]):
+        mine = [len(g["params"]) for g in self.param_groups]
+        if [len(x["params"]) for x in groups] != mine:
             raise ValueError(f"the optimizer state holds {sum(len(x['params']) for x in groups)} parameter(s) in "
-                             f"{len(groups)} group(s); this model has {len(g['params'])} in one")
-        g.update({k: v for k, v in groups[0].items() if k != "params" and k in g})
-        if "betas" in g:
-            g["betas"] = tuple(g["betas"])
+                             f"{len(groups)} group(s); this model has {sum(mine)} in {len(mine)} "
+                             f"(optimizer.dense.linear_lr set on one side only?)")
+        for g, theirs in zip(self.param_groups, groups):
+            g.update({k: v for k, v in theirs.items() if k != "params" and k in g})
+            if "betas" in g:
+                g["betas"] = tuple(g["betas"])
         self.state = {}
-        for i, p in enumerate(g["params"]):
+        for i, p in enumerate(self._params()):
             st = sd["state"].get(i, sd["state"].get(str(i)))
             if not st:
                 continue
@@ -138,7 +154,8 @@ def make_dense_optimizer(kind: str, params, **hyper):
     CPU or CUDA), else ``torch.optim``'s optimizer of ``kind`` (``lr, momentum, weight_decay`` /
     ``lr, weight_decay, eps`` / ``lr, betas, eps, weight_decay``). Local."""
     params = list(params)
-    if all(p.device.type in ("cpu", "cuda") and p.dtype in (torch.float32, torch.float64) for p in params):
+    tensors = [p for g in params for p in g["params"]] if params and isinstance(params[0], dict) else params
+    if all(p.device.type in ("cpu", "cuda") and p.dtype in (torch.float32, torch.float64) for p in tensors):
         return FusedOptimizer(kind, params, **hyper)
     cls = {"sgd": torch.optim.SGD, "adagrad": torch.optim.Adagrad, "adam": torch.optim.Adam}[kind]
     return cls(params, **hyper)

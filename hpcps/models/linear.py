@@ -8,7 +8,7 @@ from torch import nn
 from .layers import first_order
 from .registry import ModelKind, register
 
-__all__ = ["LogisticRegression", "DenseLinear"]
+__all__ = ["LogisticRegression", "DenseLinear", "linear_params"]
 
 
 class DenseLinear(nn.Module):
@@ -21,6 +21,12 @@ class DenseLinear(nn.Module):
 
     def forward(self, dense):
         return (dense @ self.weight if self.weight.numel() else dense.new_zeros(dense.shape[0])) + self.bias
+
+
+def linear_params(model: nn.Module) -> list:
+    """The parameters of ``model``'s linear part over the dense features (its :class:`DenseLinear`
+    modules: weights and bias), which ``optimizer.dense.linear_lr`` trains at a rate of its own. Local."""
+    return [p for m in model.modules() if isinstance(m, DenseLinear) for p in m.parameters()]
 
 
 class LogisticRegression(nn.Module):

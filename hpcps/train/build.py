@@ -170,10 +170,18 @@ def dense_schedule(sec, steps: int) -> LRSchedule:
                       gamma=sec.gamma, total_steps=max(steps, 1), min_factor=sec.min_factor)
 
 
-def dense_optimizer(sec, params):
+def dense_optimizer(sec, params, linear=()):
     """The optimizer of ``[optimizer.dense]``: torch's fused kernel (one call for every parameter),
     called without ``torch.optim``'s wrappers where torch has one for the parameters' device
-    (``hpcps.dense.optim``), else the ``torch.optim`` one. Local."""
+    (``hpcps.dense.optim``), else the ``torch.optim`` one. ``linear``: the linear part's parameters
+    among ``params`` (:func:`hpcps.models.linear.linear_params`): with ``optimizer.dense.linear_lr``
+    they are a param group of their own, first, at that learning rate. Local."""
+    params = list(params)
+    mine = {id(p) for p in linear}
+    if getattr(sec, "linear_lr", 0.0) and mine:
+        rest = [p for p in params if id(p) not in mine]
+        params = [{"params": [p for p in params if id(p) in mine], "lr": sec.linear_lr}] + \
+            ([{"params": rest}] if rest else [])
     name = sec.name.lower()
     if name in ("sgd", "momentum"):
         m = sec.momentum or (0.9 if name == "momentum" else 0.0)

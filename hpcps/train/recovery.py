@@ -186,12 +186,19 @@ def check_same_data(cfg: Config, manifest: dict, path) -> None:
 
 def check_same_dense_optimizer(cfg: Config, manifest: dict, path) -> None:
     """A checkpoint's dense optimizer state fits only the optimizer that wrote it: another
-    ``optimizer.dense.name`` is a ``ValueError`` naming both, before any row is loaded. Local."""
+    ``optimizer.dense.name``, or ``optimizer.dense.linear_lr`` set on one side only (one param group
+    or two), is a ``ValueError`` naming both, before any row is loaded. Local."""
     saved = manifest.get("config", {}).get("optimizer", {}).get("dense", {}).get("name")
     if saved is not None and saved != cfg.optimizer.dense.name:
         raise ValueError(f"{path} was trained with optimizer.dense.name = {saved!r}, this run has "
                          f"{cfg.optimizer.dense.name!r}: its dense optimizer state fits only {saved!r} (set it back, "
                          f"or train afresh with checkpoint.resume = none and another checkpoint.dir)")
+    theirs = manifest.get("config", {}).get("optimizer", {}).get("dense", {}).get("linear_lr", 0.0)
+    if bool(theirs) != bool(cfg.optimizer.dense.linear_lr):        # one param group or two
+        raise ValueError(f"{path} was trained with optimizer.dense.linear_lr = {theirs}, this run has "
+                         f"{cfg.optimizer.dense.linear_lr}: its dense optimizer state has "
+                         f"{'two param groups' if theirs else 'one param group'} (set a linear_lr on both sides or "
+                         f"neither, or train afresh with checkpoint.resume = none and another checkpoint.dir)")
 
 
 def load_level(cfg: Config, ctx, tables) -> tuple:

@@ -32,6 +32,7 @@ from ..core.settings import parse_mode
 from ..dense import DenseSync
 from ..metrics import MetricsLog
 from ..models import get_kind
+from ..models.linear import linear_params
 from ..nn import IdPlan, ShardedEmbeddingBag, ShardedEmbeddingCollection
 from ..nn_dynamic import DynamicEmbeddingCollection
 from ..nn_parts import ShardedEmbeddingParts
@@ -87,7 +88,7 @@ class Worker:
         self.model = build_model(cfg, lookups, data).to(self.device)
         self.dense = DenseSync(self.model, self.comm, backend=cfg.model.dense_backend, bucket_mb=cfg.model.bucket_mb,
                                nccl_host=cfg.model.nccl_host or None)
-        self.opt = dense_optimizer(cfg.optimizer.dense, self.model.parameters())
+        self.opt = dense_optimizer(cfg.optimizer.dense, self.model.parameters(), linear_params(self.model))
         self.dense_params = [p for g in self.opt.param_groups for p in g["params"]]
         self.sched = dense_schedule(cfg.optimizer.dense, steps)
         self.base_lrs = [g["lr"] for g in self.opt.param_groups]
