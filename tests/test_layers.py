@@ -37,6 +37,7 @@ LAYERS = [
     ("hpcps.predict", ["hpcps.predict", "hpcps.train", "hpcps.context", "hpcps.nn", "hpcps.data", "hpcps.checkpoint",
                        "hpcps.config", "hpcps.metrics", "hpcps.core"]),
     ("hpcps.plan", ["hpcps.plan", "hpcps.train", "hpcps.config", "hpcps.data", "hpcps.core"]),
+    ("hpcps.tune", ["hpcps.tune", "hpcps.config"]),
     ("hpcps.reference", ["hpcps.train", "hpcps.config", "hpcps.data", "hpcps.models", "hpcps.core"]),
     ("hpcps.demo", ["hpcps.context", "hpcps.sparse", "hpcps.optim", "hpcps.core"]),
     ("hpcps.report", ["hpcps.metrics", "hpcps.monitor.plots"]),
@@ -48,7 +49,7 @@ LAYERS = [
 PURE = ["hpcps", "hpcps.config", "hpcps.core.ids", "hpcps.core.sharding", "hpcps.core.optimizers",
         "hpcps.core.settings", "hpcps.core.layout", "hpcps.core.wait", "hpcps.core.malloc", "hpcps.core.process",
         "hpcps.core.inputs", "hpcps.core.hashindex", "hpcps.core.dynshard",
-        "hpcps.data", "hpcps.models", "hpcps.metrics", "hpcps.optim", "hpcps.stopping", "hpcps.baseline",
+        "hpcps.data", "hpcps.models", "hpcps.metrics", "hpcps.optim", "hpcps.stopping", "hpcps.baseline", "hpcps.tune",
         "hpcps.monitor", "hpcps.monitor.probe", "hpcps.monitor.fields", "hpcps.monitor.rules", "hpcps.monitor.plots"]
 
 

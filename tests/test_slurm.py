@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -132,3 +133,27 @@ def test_a_rank_killed_mid_run_is_relaunched_in_the_allocation_from_the_local_le
     assert "the node-local level" in text and "training finished" in text
     final = [json.loads(l)["final"] for l in text.splitlines() if l.startswith('{"final"')][-1]
     assert final["restored_from"] == "local" and final["start_step"] >= 2 and final["steps"] == 20
+
+
+def test_tune_as_a_job_array_searches_one_study_from_every_task(slurm, tmp_path):
+    import optuna
+    study = tmp_path / "study"
+    env = dict(slurm.env, HPCPS_CONFIG=str(ROOT / "examples" / "criteo.toml"), HPCPS_PYTHON=sys.executable,
+               OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    r = slurm.run(["sbatch", "--parsable", "--array=0-1", "--ntasks=3", f"--output={tmp_path}/task-%a.log",
+                   ROOT / "slurm" / "tune.sbatch", "--set", f"tune.study={study}", "tune.trials=4", "job.max_epochs=2",
+                   "data.hash_rows=2000"], env=env)
+    assert r.returncode == 0, r.stderr
+    job = r.stdout.strip().split(";")[0]
+    t0 = time.time()
+    while slurm.run(["squeue", "-h", "-j", job], timeout=30).stdout.strip() and time.time() - t0 < 420:
+        time.sleep(2)
+    logs = [(tmp_path / f"task-{i}.log").read_text() for i in range(2)]
+    assert all('{"tune"' in text for text in logs), "\n".join(text[-2000:] for text in logs)
+    st = optuna.load_study(study_name="hpcps", storage=optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(study / "journal.log"))))
+    finished = [t for t in st.trials if t.state.name in ("COMPLETE", "PRUNED")]
+    assert 4 <= len(finished) <= 5                  # the second task may finish one more
+    assert len({t.user_attrs["pid"] for t in finished}) == 2      # both tasks ran trials of the one study
+    assert all("srun" in (study / f"trial-{t.number:04d}" / "train.log").read_text().splitlines()[0] for t in finished)
+    assert (study / "best.toml").exists() and "| complete |" in (study / "trials.md").read_text()

@@ -9,6 +9,7 @@ came from.
 """
 
 import difflib
+import json
 import os
 import sys
 
@@ -60,6 +61,14 @@ def _coerce(key, value, default, source):
     if key == "job.epochs" and _negative(value) and not (source == SAVED and value == AUTO_EPOCHS):
         raise ValueError(f"{where}: must be >= 0 or \"auto\"")   # -1 is how "auto" is kept (a saved config's)
     from_text = not source.startswith("file ")
+    if kind is dict:                    # a table: in a file as TOML, in text as JSON
+        try:
+            value = json.loads(value) if isinstance(value, str) and from_text else value
+        except json.JSONDecodeError:
+            raise ValueError(f"{where}: expected a JSON object, e.g. {{\"optimizer.wide.lr\": [0.1, 0.3]}}") from None
+        if not isinstance(value, dict):
+            raise ValueError(f"{where}: expected a table of keys")
+        return value
     if isinstance(value, str) and kind is not str and from_text:
         text = value.strip()
         try:
@@ -100,9 +109,12 @@ def _coerce(key, value, default, source):
     return value
 
 
+TABLE_KEYS = ("tune.space",)             # a key whose value is a whole TOML table, kept as a dict
+
+
 def _flatten(d, prefix=""):
     for k, v in d.items():
-        if isinstance(v, dict):
+        if isinstance(v, dict) and f"{prefix}{k}" not in TABLE_KEYS:
             yield from _flatten(v, f"{prefix}{k}.")
         else:
             yield f"{prefix}{k}", v

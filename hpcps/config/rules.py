@@ -126,6 +126,18 @@ def _check_monitor(cfg: Config) -> None:
            "must be log or checkpoint_and_stop")
 
 
+def _check_tune(cfg: Config) -> None:
+    t = cfg.tune
+    _check(t.trials >= 1, "tune.trials", t.trials, "must be >= 1")
+    _check(t.ranks >= 2, "tune.ranks", t.ranks, "must be >= 2 (a PS and a worker)")
+    _check(not t.metric or t.metric in BEST_METRICS, "tune.metric", t.metric,
+           f"must be one of {', '.join(BEST_METRICS)} (or empty: auc for CTR, rmse for ratings)")
+    if t.space:
+        from .schema import config_keys
+        from .space import parse_space
+        parse_space(t.space, config_keys())
+
+
 def validate(cfg: Config) -> None:
     """Raise ``ValueError`` naming the first bad setting. Local."""
     j, d, m = cfg.job, cfg.data, cfg.model
@@ -136,6 +148,7 @@ def validate(cfg: Config) -> None:
                "needs the tensorboard package (pip install tensorboard, or the project's extra: pip install "
                "-e '.[tensorboard]')")
     _check_monitor(cfg)
+    _check_tune(cfg)
     try:
         parse_mode(j.mode)
     except ValueError as e:

@@ -1,0 +1,168 @@
+"""``hpcps tune``: an Optuna study over ``[tune.space]`` whose trials are ``hpcps train`` jobs.
+
+The study lives in ``tune.study``'s ``journal.log`` (Optuna's journal file storage: appends under a
+file lock, so several processes, e.g. the tasks of a Slurm job array on a shared filesystem, search
+one study, and a search started again goes on with it). TPE proposes each trial's values; the
+median pruner ends a trial whose evaluation at a step falls below the median of the earlier trials'
+at that step. A search stops once the study holds ``tune.trials`` finished (complete or pruned)
+trials. A trial left RUNNING by a killed search (no heartbeat for :data:`STALE_S`, or its process
+gone from this host) is marked failed and its values are tried again first. After each search the
+study's trials table, best config and plot are written again (:mod:`hpcps.tune.report`). Local:
+one process, which launches each trial as an MPI job of its own.
+"""
+
+import logging
+import os
+import socket
+import time
+from pathlib import Path
+
+from ..config import load_config
+from ..config.rules import BEST_METRICS
+from .report import write_outputs
+from ..config.space import as_set, parse_space, suggest
+from .trial import Pruned, TrialRun, launcher_argv
+
+__all__ = ["run_tune", "metric_of", "open_study"]
+
+logger = logging.getLogger(__name__)
+
+STALE_S = 300.0               # a RUNNING trial silent this long belongs to a search that died
+STUDY = "hpcps"
+
+
+def metric_of(cfg) -> tuple[str, bool]:
+    """``(metric, maximise)``: ``tune.metric``, else AUC for CTR data and RMSE for ratings. Local."""
+    name = cfg.tune.metric or ("rmse" if cfg.data.format == "ratings" else "auc")
+    return name, BEST_METRICS[name][1]
+
+
+def _optuna():
+    try:
+        import optuna
+    except ImportError:
+        raise ValueError("hpcps tune needs Optuna: pip install optuna (or the project's extra: "
+                         "pip install -e '.[tune]')") from None
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return optuna
+
+
+def open_study(folder: Path, maximise: bool, pruning: bool = True):
+    """The study in ``folder/journal.log`` (made if new). Local."""
+    optuna = _optuna()
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+    folder.mkdir(parents=True, exist_ok=True)
+    storage = JournalStorage(JournalFileBackend(str(folder / "journal.log")))
+    pruner = optuna.pruners.MedianPruner(n_startup_trials=4, n_warmup_steps=0) if pruning else optuna.pruners.NopPruner()
+    return optuna.create_study(study_name=STUDY, storage=storage, load_if_exists=True, pruner=pruner,
+                               direction="maximize" if maximise else "minimize")
+
+
+def _alive_here(trial) -> bool:
+    """Whether the search process that runs ``trial`` is alive on this host (False: another host's, unknown)."""
+    if trial.user_attrs.get("host") != socket.gethostname():
+        return False
+    try:
+        os.kill(int(trial.user_attrs.get("pid", 0)), 0)
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+def recover_stale(study) -> int:
+    """Mark the RUNNING trials of dead searches failed and queue their values again; returns how many."""
+    from optuna.trial import TrialState
+    now, n = time.time(), 0
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        here = t.user_attrs.get("host") == socket.gethostname()
+        silent = now - float(t.user_attrs.get("alive", 0)) > STALE_S
+        if (here and not _alive_here(t)) or (not here and silent):
+            study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+            study.enqueue_trial(t.params, user_attrs={"retry_of": t.number}, skip_if_exists=False)
+            logger.warning("hpcps: tune: trial %d was left running by a search that ended (pid %s on %s): "
+                           "marked failed, its values queued again", t.number, t.user_attrs.get("pid"),
+                           t.user_attrs.get("host"))
+            n += 1
+    return n
+
+
+def _objective(cfg, config_path, sets, dims, folder: Path, metric: str, argv0):
+    optuna = _optuna()
+
+    def objective(trial):
+        trial.set_user_attr("host", socket.gethostname())
+        trial.set_user_attr("pid", os.getpid())
+        trial.set_user_attr("alive", time.time())
+        values = suggest(trial, dims)
+        run = TrialRun(folder / f"trial-{trial.number:04d}", config_path,
+                       [*sets, *(as_set(k, v) for k, v in values.items())], metric, argv0)
+        logger.info("hpcps: tune: trial %d: %s", trial.number, " ".join(as_set(k, v) for k, v in values.items()))
+        started = time.monotonic()
+        try:
+            final = run.run(report=trial.report, prune=trial.should_prune if cfg.tune.pruning else None,
+                            alive=lambda: trial.set_user_attr("alive", time.time()))
+        except Pruned as e:
+            trial.set_user_attr("seconds", round(time.monotonic() - started, 1))
+            logger.info("hpcps: tune: trial %d pruned after step %d", trial.number, e.step)
+            raise optuna.TrialPruned() from None
+        trial.set_user_attr("seconds", round(time.monotonic() - started, 1))
+        trial.set_user_attr("steps", final.get("steps"))
+        trial.set_user_attr("best_step", (final.get("best") or {}).get("step"))
+        value = float(final[metric])
+        logger.info("hpcps: tune: trial %d: %s %.5f (%d steps, %.0f s)", trial.number, metric, value,
+                    final.get("steps", 0), time.monotonic() - started)
+        return value
+    return objective
+
+
+def run_tune(config_path: str | None, sets: list[str], trials: int | None = None) -> dict:
+    """Search ``config_path``'s ``[tune.space]`` (``sets``: ``--set`` overrides, for the search
+    and every trial) until the study holds ``tune.trials`` (or ``trials``) finished trials; write
+    the outputs; return the best trial. Every choice and range end is checked against the config
+    before any trial runs. Local."""
+    cfg = load_config(config_path, sets)
+    from ..config import config_keys
+    dims = parse_space(cfg.tune.space, config_keys())
+    if not dims:
+        raise ValueError("config: tune.space is empty: name the keys to search, e.g. "
+                         "[tune.space] \"optimizer.wide.lr\" = {low = 0.01, high = 1.0, log = true}")
+    for d in dims:                                        # every value the search may take loads
+        for v in d.values():
+            load_config(config_path, [*sets, as_set(d.key, v)])
+    metric, maximise = metric_of(cfg)
+    budget = trials or cfg.tune.trials
+    folder = Path(cfg.tune.study)
+    argv0 = launcher_argv(cfg.tune.launcher, cfg.tune.ranks)
+    optuna = _optuna()
+    task = int(os.environ.get("SLURM_ARRAY_TASK_ID", "0") or 0)
+    study = open_study(folder, maximise, pruning=cfg.tune.pruning)
+    recover_stale(study)
+    from optuna.study import MaxTrialsCallback
+    from optuna.trial import TrialState
+    done = (TrialState.COMPLETE, TrialState.PRUNED)
+    have = len(study.get_trials(deepcopy=False, states=done))
+    # a search started again, or another task of a job array, samples its own values
+    study.sampler = optuna.samplers.TPESampler(seed=cfg.job.seed + 1000 * task + len(study.trials), n_startup_trials=6)
+    logger.info("hpcps: tune: study %s: %d of %d trials finished; %s (%s), %d keys", folder / "journal.log", have,
+                budget, metric, "max" if maximise else "min", len(dims))
+    if have < budget:
+        study.optimize(_objective(cfg, config_path, sets, dims, folder, metric, argv0),
+                       callbacks=[MaxTrialsCallback(budget, states=done), _FailureGuard()], catch=(RuntimeError,))
+    return write_outputs(study, cfg, config_path, sets, folder, metric, dims)
+
+
+class _FailureGuard:
+    """Stop the search after :attr:`LIMIT` trials in a row failed (a config no trial can run)."""
+
+    LIMIT = 3
+
+    def __init__(self):
+        self.row = 0
+
+    def __call__(self, study, trial) -> None:
+        from optuna.trial import TrialState
+        self.row = self.row + 1 if trial.state == TrialState.FAIL else 0
+        if self.row >= self.LIMIT:
+            logger.error("hpcps: tune: %d trials in a row failed: stopping (each trial's train.log says why)", self.row)
+            study.stop()
