@@ -37,7 +37,7 @@ def test_bench_sparse_smoke(tmp_path):
 def test_shell_scripts_parse():
     import subprocess
     for script in ("scripts/run", "scripts/gpu_check.sh", ".ci/run", "slurm/demo.sbatch", "slurm/train.sbatch",
-                   "slurm/chain.sh", "scripts/slurm_local.sh"):
+                   "slurm/chain.sh", "slurm/tune.sbatch", "scripts/slurm_local.sh"):
         subprocess.run(["bash", "-n", str(ROOT / script)], check=True)
 
 
@@ -214,3 +214,20 @@ def test_bench_peers_smoke_trains_the_same_model_as_torchrec(tmp_path):
     assert case["best_torchrec"] == "torchrec_table_wise" and case["torchrec_table_wise"]["samples_per_s"] > 0
     assert abs(case["auc_hpcps_minus_best"]) < 0.003 and case["hpcps"]["auc"] > 0.7, case
     assert "target >= 1.5" in r.stdout
+
+
+def test_bench_quality_smoke_scores_each_model_once_on_rows_it_never_saw(tmp_path):
+    import subprocess
+    import sys
+    out = tmp_path / "q.json"
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_quality.py"), "--data",
+                        f"criteo=examples/criteo.toml:{ROOT / 'tests' / 'data' / 'criteo_head1000.txt'};"
+                        "data.hash_rows=2000;job.max_epochs=2", "--folds", "1", "--kinds", "", "--out", str(out)],
+                       capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(out.read_text())["data"]["criteo"]
+    assert got["train_lines"] == 800 and got["test_lines"] == 200
+    test = got["test"]
+    assert 0.5 < test["baseline"]["auc"] < 1 and 0.5 < test["shipped"]["auc"] < 1
+    # scored by hpcps evaluate on the test rows, not the early-stopping rows it chose its model on
+    assert test["shipped"]["auc"] != test["shipped"]["valid_auc"] and test["shipped"]["steps"] >= test["shipped"]["best_step"]
