@@ -22,6 +22,7 @@ import numpy as np
 
 from ..core.wait import overdue
 from . import local, store
+from .restore import restore_tables
 from .shards import Background, shard_file, write_shard
 
 __all__ = ["PsWriter", "links", "FULL", "DELTA", "LOCAL", "LOCAL_DELTA", "REQUEST", "COPIED", "WRITTEN", "ERROR", "KIND",
@@ -84,10 +85,9 @@ class PsWriter:
         ``LOAD`` (the best evaluation's, at the end of training: :meth:`Checkpointer.load`) once
         no cut waits to be written, then publish ``LOADED``. True when it loaded. Every row counts
         as changed for both levels' next checkpoint."""
-        step = self._get(self.ctx.rank, LOAD)
+        step = int(self._mine[LOAD])          # synced by the read of REQUEST just before (one Win_sync a poll)
         if step < 0 or step == self._loaded or self._cut is not None or self._cuts:
             return False
-        from .restore import restore_tables
         restore_tables(store.step_dir(self.root, step), self.ctx, self.tables)
         for t in self.tables:
             if t.dirty is not None:
