@@ -1,4 +1,5 @@
-"""Loading a checkpoint (at start; the best one at the end, job.restore_best): each PS's rows under the job's placement, the workers' dense state."""
+"""Loading a checkpoint (at start; the best one at the end, ``job.restore_best``): each PS's rows
+under the job's placement, the workers' dense state."""
 
 from pathlib import Path
 
