@@ -67,9 +67,8 @@ def write(path: Path, header: list, lines: list) -> Path:
 class Runner:
     """Runs on one data set: its config and settings, a temporary folder, the rank count."""
 
-    def __init__(self, name: str, config: str, extra: list, header: list, tmp: Path, ranks: int):
+    def __init__(self, name: str, config: str, extra: list, header: list, tmp: Path, ranks: int, fraction: float):
         self.name, self.config, self.extra, self.header, self.tmp, self.ranks = name, config, list(extra), header, tmp, ranks
-        fraction = load_config(config, extra).data.eval_fraction
         self.every = max(2, round(1 / fraction)) if fraction > 0 else 10
 
     def split(self, name: str, lines: list) -> tuple:
@@ -136,10 +135,10 @@ def measure(name: str, spec: str, args, candidates) -> dict:
     """Cross-validation, then the test split once, for one ``--data`` item."""
     rest, *extra = spec.split(";")
     config, path = rest.rsplit(":", 1)
-    fmt = load_config(config, [f"data.path={path}", *extra]).data.format
-    header, test, folds = split_lines(Path(path), fmt, args.rows, args.test, args.folds)
+    data = load_config(config, [f"data.path={path}", *extra]).data
+    header, test, folds = split_lines(Path(path), data.format, args.rows, args.test, args.folds)
     with tempfile.TemporaryDirectory() as tmp:
-        run = Runner(name, config, extra, header, Path(tmp), args.ranks)
+        run = Runner(name, config, extra, header, Path(tmp), args.ranks, data.eval_fraction)
         print(f"{name}: {sum(map(len, folds))} lines in {args.folds} folds, {len(test)} held out", flush=True)
         cv = cross_validate(run, folds, candidates) if args.folds > 1 else {}
         base = np.array(cv.get("baseline", []))
