@@ -98,6 +98,9 @@ def test_the_readme_search_killed_in_a_trial_goes_on_when_run_again(tmp_path):
     assert out["complete"] + out["pruned"] == 3 and out["failed"] == 1 and out["trials"] == 4
     st = optuna.load_study(study_name="hpcps", storage=optuna.storages.JournalStorage(
         optuna.storages.journal.JournalFileBackend(str(study / "journal.log"))))
+    first = st.trials[0]                                  # the config's own values come first
+    assert first.user_attrs.get("config") and first.params["optimizer.wide.lr"] == 0.03
+    assert first.params["model.kind"] == "wide_deep" and len(first.params) == 7
     failed = [t for t in st.trials if t.state.name == "FAIL"]
     retried = [t for t in st.trials if t.user_attrs.get("retry_of") == failed[0].number]
     assert failed[0].number == 1 and retried and retried[0].params == failed[0].params     # tried again

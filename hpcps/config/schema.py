@@ -208,7 +208,7 @@ class TuneConfig:
     study: str = "results/tune"  # directory: journal.log (Optuna's journal: resumed, shared by jobs), trials.md, best.toml, tune.png
     ranks: int = 3              # MPI ranks of each trial (1 PS + the rest workers unless the space or config says)
     launcher: str = ""          # runs a trial's ranks ("": the mpiexec beside python); {ranks} is replaced, e.g. "srun -n {ranks}"
-    pruning: bool = True        # stop a trial whose evaluations fall below the median of earlier trials' at the same step
+    pruning: bool = True        # stop a trial whose n-th evaluation falls below the median of earlier trials' n-th
     space: dict = field(default_factory=dict)  # config key -> [choices] or {low, high, log}: [tune.space] in a TOML file
 
 

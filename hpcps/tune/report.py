@@ -56,7 +56,8 @@ def _rows(study, metric: str) -> list[str]:
         steps = t.user_attrs.get("steps")
         at = f"{steps} ({t.user_attrs.get('best_step')})" if steps is not None else ""
         params = " ".join(f"{k}={v}" for k, v in t.params.items())
-        out.append(f"| {t.number} | {t.state.name.lower()} | {value} | {at} | {t.user_attrs.get('seconds', '')} | {params} |")
+        name = f"{t.number} (the config's values)" if t.user_attrs.get("config") else str(t.number)
+        out.append(f"| {name} | {t.state.name.lower()} | {value} | {at} | {t.user_attrs.get('seconds', '')} | {params} |")
     return out
 
 

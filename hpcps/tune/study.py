@@ -3,14 +3,16 @@
 The study lives in ``tune.study``'s ``journal.log`` (Optuna's journal file storage: appends under a
 file lock, so several processes, e.g. the tasks of a Slurm job array on a shared filesystem, search
 one study, and a search started again goes on with it). TPE proposes each trial's values; the
-median pruner ends a trial whose evaluation at a step falls below the median of the earlier trials'
-at that step. A search stops once the study holds ``tune.trials`` finished (complete or pruned)
+median pruner ends a trial whose n-th evaluation (from the third on) falls below the median of the
+earlier trials' n-th. A search stops once the study holds ``tune.trials`` finished (complete or pruned)
 trials. A trial left RUNNING by a killed search (no heartbeat for :data:`STALE_S`, or its process
 gone from this host) is marked failed and its values are tried again first. After each search the
-study's trials table, best config and plot are written again (:mod:`hpcps.tune.report`). Local:
+study's trials table, best config and plot are written again (:mod:`hpcps.tune.report`). A new
+study's first trial is the config's own values (:func:`own_values`). Local:
 one process, which launches each trial as an MPI job of its own.
 """
 
+import functools
 import logging
 import os
 import socket
@@ -23,7 +25,7 @@ from .report import write_outputs
 from ..config.space import as_set, parse_space, suggest
 from .trial import Pruned, TrialRun, launcher_argv
 
-__all__ = ["run_tune", "metric_of", "open_study"]
+__all__ = ["run_tune", "metric_of", "open_study", "own_values"]
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +56,8 @@ def open_study(folder: Path, maximise: bool, pruning: bool = True):
     from optuna.storages.journal import JournalFileBackend
     folder.mkdir(parents=True, exist_ok=True)
     storage = JournalStorage(JournalFileBackend(str(folder / "journal.log")))
-    pruner = optuna.pruners.MedianPruner(n_startup_trials=4, n_warmup_steps=0) if pruning else optuna.pruners.NopPruner()
+    # no trial is judged on its first two evaluations (on a small file the first epochs' AUC says little)
+    pruner = optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=2) if pruning else optuna.pruners.NopPruner()
     return optuna.create_study(study_name=STUDY, storage=storage, load_if_exists=True, pruner=pruner,
                                direction="maximize" if maximise else "minimize")
 
@@ -85,6 +88,22 @@ def recover_stale(study) -> int:
                            t.user_attrs.get("host"))
             n += 1
     return n
+
+
+def own_values(cfg, dims) -> dict:
+    """The config's own value of each key of the space that the space holds (a search starts from
+    the config as it is: the tuned config is then no worse on the eval split). Local."""
+    import json
+    out = {}
+    for d in dims:
+        value = functools.reduce(getattr, d.key.split("."), cfg)
+        if d.choices:
+            value = json.dumps(value) if isinstance(value, list) else value
+            if value in d.choices:
+                out[d.key] = value
+        elif isinstance(value, (int, float)) and not isinstance(value, bool) and d.low <= value <= d.high:
+            out[d.key] = value
+    return out
 
 
 def _objective(cfg, config_path, sets, dims, folder: Path, metric: str, argv0):
@@ -138,6 +157,10 @@ def run_tune(config_path: str | None, sets: list[str], trials: int | None = None
     task = int(os.environ.get("SLURM_ARRAY_TASK_ID", "0") or 0)
     study = open_study(folder, maximise, pruning=cfg.tune.pruning)
     recover_stale(study)
+    if not study.trials:                                  # the config's own values are tried first
+        own = own_values(cfg, dims)
+        if own:
+            study.enqueue_trial(own, user_attrs={"config": True})
     from optuna.study import MaxTrialsCallback
     from optuna.trial import TrialState
     done = (TrialState.COMPLETE, TrialState.PRUNED)

@@ -43,8 +43,8 @@ def launcher_argv(launcher: str, ranks: int) -> list[str]:
 
 class TrialRun:
     """Run ``hpcps train --config config --set sets...`` for a trial in ``folder`` (its log,
-    metrics and checkpoints; the checkpoints are removed after it). ``report(value, step)`` and
-    ``prune()`` are the Optuna trial's (None: no pruning); ``alive()`` is called every
+    metrics and checkpoints; the checkpoints are removed after it). ``report(value, n)`` (its n-th
+    evaluation) and ``prune()`` are the Optuna trial's (None: no pruning); ``alive()`` is called every
     :data:`HEARTBEAT_S` while it runs."""
 
     def __init__(self, folder: Path, config: str | None, sets: list[str], metric: str, argv0: list[str]):
@@ -84,14 +84,15 @@ class TrialRun:
             log.flush()
             proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                     preexec_fn=_die_with_parent)
-        seen, beat, started = 0, time.monotonic(), time.monotonic()
+        seen, beat, started, count = 0, time.monotonic(), time.monotonic(), 0
         try:
             while proc.poll() is None:
                 time.sleep(0.5)
                 evals, seen = self._evaluations(seen)
                 for step, value in evals:
-                    if report is not None:
-                        report(value, step)
+                    count += 1
+                    if report is not None:            # by the evaluation's number: trials of other batch sizes compare
+                        report(value, count)
                     if prune is not None and prune():
                         raise Pruned(step)
                 if alive is not None and time.monotonic() - beat >= HEARTBEAT_S:
