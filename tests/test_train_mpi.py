@@ -297,17 +297,18 @@ def test_train_end_to_end_metrics_and_final_line(tmp_path):
 
 def test_train_criteo_sample_as_shipped_stops_when_auc_stops_improving(tmp_path):
     """examples/criteo.toml as it is: job.epochs = "auto" (an evaluation at each epoch's end, a stop
-    after one without a better AUC: early_stop_patience 1), every sample in every epoch (800 in
-    batches of 64: 13 steps an epoch, the last batch completed from the next epoch); the export is
-    the best evaluation's weights."""
+    after three without a better AUC: early_stop_patience 3), every sample in every epoch (800 in
+    batches of 64: 13 steps an epoch, the last batch completed from the next epoch); the run ends
+    with the best evaluation's model (job.restore_best), which the export holds."""
     r = _train(4, ["metrics.progress=false", "metrics.path=", f"data.path={CRITEO}", f"checkpoint.dir={tmp_path / 'ck'}",
                    f"job.export={tmp_path / 'model.npz'}"], config=ROOT / "examples" / "criteo.toml")
     final = _final(r.stdout)
     assert final["exported"] == {"path": str(tmp_path / "model.npz"), "step": final["best"]["step"], "best": True}
     assert final["data"]["train_samples"] == 800 and final["eval_samples"] == 200
     assert 0.4 < final["auc"] <= 1.0 and final["logloss"] < 1.0
-    assert final["early_stopped"] and final["steps"] % 13 == 0 and 26 <= final["steps"] < 20 * 13
-    assert final["evaluations"] == final["steps"] // 13 and final["best"]["step"] == final["steps"] - 13
+    assert final["early_stopped"] and final["steps"] % 13 == 0 and 4 * 13 <= final["steps"] < 50 * 13
+    assert final["evaluations"] == final["steps"] // 13 and final["best"]["step"] == final["steps"] - 3 * 13
+    assert final["restored_best"] == final["best"]["step"] and final["auc"] == final["best"]["auc"]
     again = _final(_train(3, ["metrics.progress=false", "metrics.path=", f"data.path={CRITEO}",
                               f"checkpoint.dir={tmp_path / 'ck'}", f"job.export={tmp_path / 'again.npz'}"],
                         config=ROOT / "examples" / "criteo.toml").stdout)
