@@ -13,13 +13,14 @@ one process, which launches each trial as an MPI job of its own.
 """
 
 import functools
+import json
 import logging
 import os
 import socket
 import time
 from pathlib import Path
 
-from ..config import load_config
+from ..config import config_keys, load_config
 from ..config.rules import BEST_METRICS
 from .report import write_outputs
 from ..config.space import as_set, parse_space, suggest
@@ -93,7 +94,6 @@ def recover_stale(study) -> int:
 def own_values(cfg, dims) -> dict:
     """The config's own value of each key of the space that the space holds (a search starts from
     the config as it is: the tuned config is then no worse on the eval split). Local."""
-    import json
     out = {}
     for d in dims:
         value = functools.reduce(getattr, d.key.split("."), cfg)
@@ -141,7 +141,6 @@ def run_tune(config_path: str | None, sets: list[str], trials: int | None = None
     the outputs; return the best trial. Every choice and range end is checked against the config
     before any trial runs. Local."""
     cfg = load_config(config_path, sets)
-    from ..config import config_keys
     dims = parse_space(cfg.tune.space, config_keys())
     if not dims:
         raise ValueError("config: tune.space is empty: name the keys to search, e.g. "
