@@ -86,7 +86,7 @@ def test_the_readme_search_killed_in_a_trial_goes_on_when_run_again(tmp_path):
     time.sleep(2)
     assert _trains(study), "the second trial's ranks should be running"
     first.send_signal(signal.SIGKILL)
-    first.wait(30)
+    assert first.wait(30) == -signal.SIGKILL                 # the search itself was killed, mid-trial
     t0 = time.time()
     while _trains(study) and time.time() - t0 < 30:      # the trial's launcher dies with the search
         time.sleep(0.5)
