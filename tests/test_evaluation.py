@@ -77,6 +77,22 @@ def test_best_checkpoint_early_stop_export_and_a_restart_that_trains_no_more(rat
     assert sorted(p.name for p in store.list_checkpoints(ck)) == kept and store.read_best(ck)["step"] == best_step
 
 
+def test_a_resumed_run_keeps_the_best_model_of_the_runs_before(ratings, tmp_path):
+    """Issue 51.1: the last step's checkpoint was written before that step's evaluation, so its
+    manifest said no best; a resumed run judged from there and pruned the earlier runs' best model."""
+    sets = ("checkpoint.keep_best=rmse", "job.restore_best=false")
+    one, ck, _ = _ratings_run(ratings, tmp_path, *sets, "job.epochs=1")
+    first = _final(one.stdout)
+    assert first["steps"] == 27
+    assert store.read_manifest(store.step_dir(ck, 27))["evaluations"]["best"]["step"] == 27
+    # a second epoch that makes the model worse (a learning rate 40x the first)
+    two, _, _ = _ratings_run(ratings, tmp_path, *sets, "job.epochs=2", "optimizer.sparse.lr=2")
+    second = _final(two.stdout)
+    assert second["start_step"] == 27 and second["rmse"] > first["rmse"]
+    assert second["best"]["step"] == 27 and store.read_best(ck)["step"] == 27
+    assert store.verify(store.step_dir(ck, 27))[0]           # kept although checkpoint.keep = 1
+
+
 def test_eval_every_steps_on_the_progress_record_in_the_report_and_in_tensorboard(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     metrics, tb = tmp_path / "m.jsonl", tmp_path / "tb"
