@@ -112,6 +112,7 @@ def _parser() -> argparse.ArgumentParser:
                       description="PATH: one checkpoint, a checkpoint directory meaning its newest verified one, or DIR/best.")
     e.add_argument("path")
     e.add_argument("--out", required=True, help="output file (--format serving: a new directory)")
+    e.add_argument("--overwrite", action="store_true", help="replace an existing output file (never a directory)")
     e.add_argument("--format", choices=("h5", "torch", "torchscript", "serving"), default="h5",
                    help="h5: tables/<name>/weights (and a dynamic table's tables/<name>/ids) and dense/<name> "
                         "(h5py reads it alone); "
@@ -194,6 +195,20 @@ def _error(e: Exception) -> int:
     return 2
 
 
+def _check_export_out(args) -> None:
+    """``ckpt export --out``: a file format's output may replace an existing file only with
+    ``--overwrite``, never a directory (``serving`` checks its directory itself). Local."""
+    out = Path(args.out)
+    if args.format == "serving":
+        return
+    if out.is_dir():
+        raise ValueError(f"--out {out}: a directory; --format {args.format} writes one file")
+    if out.exists() and not args.overwrite:
+        raise ValueError(f"--out {out}: exists (use --overwrite to replace it)")
+    if not out.parent.is_dir():
+        raise ValueError(f"--out {out}: the directory {out.parent} does not exist")
+
+
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "ckpt":
@@ -205,6 +220,7 @@ def main(argv=None) -> int:
                 return tools.verify_cmd(args.path, args.deep, args.max_abs)
             if args.ckpt_command == "inspect":
                 return tools.inspect(args.path)
+            _check_export_out(args)
             if args.format == "torchscript":
                 from .predict.torchscript import export_torchscript
                 path = export_torchscript(tools.pick(args.path), args.out)

@@ -143,6 +143,14 @@ def test_predict_without_labels_equals_the_torchscript_export_with_torch_alone_a
     r = subprocess.run([sys.executable, "-m", "hpcps", "ckpt", "export", str(best), "--format", "torchscript",
                         "--out", str(tmp_path / "model.pt")], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
+    # issue 51.3: an existing file is replaced only with --overwrite
+    saved = (tmp_path / "model.pt").read_bytes()
+    again = [sys.executable, "-m", "hpcps", "ckpt", "export", str(best), "--format", "torchscript",
+             "--out", str(tmp_path / "model.pt")]
+    r = subprocess.run(again, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "exists (use --overwrite" in r.stderr and (tmp_path / "model.pt").read_bytes() == saved
+    r = subprocess.run([*again, "--overwrite"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
     (tmp_path / "run.py").write_text(TORCH_ONLY)
     r = subprocess.run([sys.executable, "-I", str(tmp_path / "run.py"), str(tmp_path / "model.pt"), str(data)],
                        capture_output=True, text=True, timeout=120, cwd=tmp_path)
@@ -235,6 +243,7 @@ def test_serving_export_scores_as_predict_with_torch_numpy_and_h5py(trained, tmp
     ("no-ckpt", "no such file"),
     ("columns", "do not give"),
     ("labels", "has no label column"),
+    ("input", "is the input"),
 ])
 def test_predict_refuses_bad_input_before_any_communication(trained, tmp_path, case, message):
     """What every rank checks before MPI communicates (hpcps.predict.cli.prepare): nothing written."""
@@ -260,6 +269,11 @@ def test_predict_refuses_bad_input_before_any_communication(trained, tmp_path, c
         extra = ["--set", "data.drop=w"]
     elif case == "labels":
         data, extra = d / "inputs" / "part-2.csv.gz", ["--labels", "yes"]
+    elif case == "input":                               # issue 51.2: --overwrite never replaces the input
+        import gzip
+        out = data = tmp_path / "in.csv"
+        data.write_bytes(gzip.decompress((d / "inputs" / "part-0.csv.gz").read_bytes()))
+        extra, kept = ["--overwrite"], data.read_bytes()
     before = sorted(p.name for p in tmp_path.iterdir())
     job, error = prepare(_parser().parse_args(["predict", "--checkpoint", str(ckpt), "--data", str(data),
                                                "--out", str(out), *extra]))
@@ -267,6 +281,8 @@ def test_predict_refuses_bad_input_before_any_communication(trained, tmp_path, c
     assert sorted(p.name for p in tmp_path.iterdir()) == before and not (d / "ck" / "s.csv").exists()
     if case == "exists":
         assert out.read_text() == "keep me\n"
+    if case == "input":
+        assert data.read_bytes() == kept
 
 
 TORCH_ONLY = """

@@ -92,7 +92,8 @@ def prepare(args):
             cfg = scoring_config(path, args.config, args.data, args.set)
             peek_columns(cfg, path, args.labels)
             out = Output(args.out, args.format, args.overwrite)
-            out.check(path)
+            from ..core.inputs import expand_inputs
+            out.check(path, expand_inputs(cfg.data.path, "--data"))
             from .job import predict
             return (lambda: {"predict": predict(cfg, path, out, args.labels, args.part_lines)}), None
         paths = _checkpoints(args)

@@ -43,13 +43,18 @@ class Output:
         self.parts_dir = self.out.parent / f".{self.out.name}.parts" if self.single else self.out
         self.plan = None
 
-    def check(self, checkpoint: Path) -> None:
+    def check(self, checkpoint: Path, inputs=()) -> None:
         """Before any communication (every rank alike): ``ValueError`` when the output would go
-        inside the checkpoint's directory, or exists and is not this kind of unfinished predict
-        output (unless ``--overwrite``). Local."""
+        inside the checkpoint's directory, would replace or hold one of the ``inputs`` (even with
+        ``--overwrite``), or exists and is not this kind of unfinished predict output (unless
+        ``--overwrite``). Local."""
         if _inside(self.out, checkpoint.parent):
             raise ValueError(f"--out {self.out}: inside the checkpoint directory {checkpoint.parent}: "
                              "write predictions elsewhere")
+        for f in map(Path, inputs):
+            if f.resolve() == self.out.resolve() or _inside(f, self.out):
+                raise ValueError(f"--out {self.out}: {'is' if f.resolve() == self.out.resolve() else 'holds'} "
+                                 f"the input {f}: write predictions elsewhere (--overwrite never replaces input)")
         if not self.out.parent.is_dir():
             raise ValueError(f"--out {self.out}: the directory {self.out.parent} does not exist")
         if self.single and self.out.is_dir():
