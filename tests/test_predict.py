@@ -166,6 +166,20 @@ def test_predict_without_labels_equals_the_torchscript_export_with_torch_alone_a
     best = next(x for x in rows if str(resolve_checkpoint(str(d / "ck" / "best"))) == x["checkpoint"])
     assert best["auc"] == pytest.approx(auc(y, p), abs=1e-6) and best["samples"] == 540
     assert best["calibration"] == pytest.approx(p.mean() / y.mean(), rel=1e-5)
+    assert "warning" not in r.stderr                    # none of these lines was trained on
+    # issue 51.5: without --data, each checkpoint's held-out split (the last 20% of train.csv), as training scored it
+    r = run_mpi(3, ["-m", "hpcps", "evaluate", "--checkpoint", d / "ck" / "best"], timeout=240)
+    held = json.loads(next(x for x in r.stdout.splitlines() if x.startswith('{"evaluate"')))["evaluate"][0]
+    kept = json.loads((d / "ck" / "best").read_text())
+    assert held["samples"] == 600 and held["split"] == "the last 0.2 (held out)"
+    assert held["auc"] == pytest.approx(kept["value"], abs=1e-6)
+    from hpcps.cli import _parser
+    from hpcps.predict.cli import _trained_on
+    from hpcps.predict.inputs import scoring_config
+    args = _parser().parse_args(["evaluate", "--checkpoint", str(d / "ck" / "best"), "--data", str(d / "train.csv")])
+    ck = resolve_checkpoint(args.checkpoint[0])
+    assert _trained_on(scoring_config(ck, None, args.data), ck)
+    assert not _trained_on(scoring_config(ck, None, str(d / "inputs" / "part-0.csv.gz")), ck)
     assert "| step | auc |" in r.stdout
 
 

@@ -3,6 +3,7 @@ communication, and the jobs. Called from :mod:`hpcps.cli`."""
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 __all__ = ["add_parsers", "prepare", "run"]
@@ -42,11 +43,16 @@ def add_parsers(sub) -> None:
                            "`hpcps predict` loads it: AUC, logloss, RMSE, MAE and calibration (mean predicted / "
                            "observed click rate) of a CTR model; RMSE, MAE and calibration (mean predicted / "
                            "mean rating) of a ratings model. A directory means every verified checkpoint in it: a table of "
-                           "metrics per step. Rank 0 prints one JSON line {\"evaluate\": [...]}, then the table."),
+                           "metrics per step. Without --data, each checkpoint is scored on the lines its training "
+                           "held out (data.eval_path, or the last data.eval_fraction of data.path's lines): the "
+                           "rows it never trained on. Rank 0 prints one JSON line {\"evaluate\": [...]}, then the "
+                           "table."),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     e.add_argument("--checkpoint", required=True, nargs="+", help=CHECKPOINT_HELP.replace(
         "a directory (its newest verified one)", "a directory (every verified one)"))
-    e.add_argument("--data", required=True, help="labelled input: a file, a directory, a glob or a comma-separated list")
+    e.add_argument("--data", default=None,
+                   help="labelled input: a file, a directory, a glob or a comma-separated list (default: each "
+                        "checkpoint's held-out split, as its training config says)")
     _common(e)
 
 
@@ -79,10 +85,32 @@ def _ckpt_dir(args) -> str:
     return load_config(args.config, args.set).checkpoint.dir if args.config else ""
 
 
+def _trained_on(cfg, path) -> bool:
+    """Whether ``evaluate --data`` names files checkpoint ``path`` trained on (its metrics then
+    include training lines). Local."""
+    from ..checkpoint import store
+    from ..core.inputs import expand_inputs
+    trained = (store.read_manifest(path).get("config") or {}).get("data", {}).get("path")
+    try:
+        ours = {p.resolve() for p in expand_inputs(trained)} if trained else set()
+    except ValueError:                                   # the training files are gone or moved
+        return False
+    return bool(ours & {p.resolve() for p in expand_inputs(cfg.data.path, "--data")})
+
+
+def _warn_trained_on(names: list) -> None:
+    """Rank 0: one warning naming the checkpoints that ``--data`` holds training lines of. Local."""
+    from mpi4py import MPI
+    if names and MPI.COMM_WORLD.Get_rank() == 0:
+        print(f"hpcps: warning: --data holds lines that {', '.join(names)} trained on: the metrics are "
+              "optimistic (without --data, evaluate scores each checkpoint's held-out split)",
+              file=sys.stderr, flush=True)
+
+
 def prepare(args):
     """Every check made before MPI communication (alike on every rank): ``(job, error)``, where
     ``job()`` runs the command collectively and returns what rank 0 prints. Local."""
-    from .inputs import peek_columns, resolve_checkpoint, scoring_config
+    from .inputs import held_out, peek_columns, resolve_checkpoint, scoring_config
     from .output import Output
     try:
         if args.command == "predict":
@@ -97,11 +125,13 @@ def prepare(args):
             from .job import predict
             return (lambda: {"predict": predict(cfg, path, out, args.labels, args.part_lines)}), None
         paths = _checkpoints(args)
-        cfgs = [scoring_config(p, args.config, args.data, args.set) for p in paths]
+        data = [(args.data, 0.0) if args.data else held_out(p) for p in paths]
+        cfgs = [scoring_config(p, args.config, d, args.set) for p, (d, _) in zip(paths, data)]
         for c, p in zip(cfgs, paths):
             peek_columns(c, p, "yes")
+        _warn_trained_on([p.name for c, p in zip(cfgs, paths) if args.data and _trained_on(c, p)])
         from .evaluate import evaluate_checkpoint
-        return (lambda: {"evaluate": [evaluate_checkpoint(c, p) for c, p in zip(cfgs, paths)]}), None
+        return (lambda: {"evaluate": [evaluate_checkpoint(c, p, tail=t) for c, p, (_, t) in zip(cfgs, paths, data)]}), None
     except (ValueError, OSError) as e:
         return None, e
 

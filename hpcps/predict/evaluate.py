@@ -7,7 +7,7 @@ import numpy as np
 
 from ..checkpoint import read_manifest
 from ..metrics import auc, logloss, mae, rmse
-from .inputs import plan_parts
+from .inputs import plan_parts, tail_parts
 from .reading import read_parts
 
 __all__ = ["evaluate_checkpoint", "calibration", "metrics"]
@@ -29,14 +29,17 @@ def metrics(y: np.ndarray, p: np.ndarray, task: str) -> dict:
     return {"auc": auc(y, p), "logloss": logloss(y, p), **out} if task == "ctr" else out
 
 
-def evaluate_checkpoint(cfg, path, part_lines: int = 0) -> dict:
+def evaluate_checkpoint(cfg, path, part_lines: int = 0, tail: float = 0.0) -> dict:
     """:func:`metrics` of checkpoint ``path`` on ``cfg.data.path`` (which must have the label
-    column); on every rank. Collective over ``MPI.COMM_WORLD``."""
+    column), or on its last ``tail`` of lines (the held-out split: :func:`hpcps.predict.inputs.held_out`);
+    on every rank. Collective over ``MPI.COMM_WORLD``."""
     from .job import scoring_job
     t0 = time.perf_counter()
 
     def work(ctx, model, files, lay, id_col, child):
         parts = plan_parts(files, part_lines)
+        if tail:
+            parts = tail_parts(files, parts, tail)
         w, W = ctx.worker_rank, ctx.num_workers
         stats, ys, ps = {"skipped_lines": 0}, [], []
         for _, block in read_parts(files, parts, range(w, len(parts), W), lay, None, cfg.data.skip_bad_lines, stats, child):
@@ -52,5 +55,5 @@ def evaluate_checkpoint(cfg, path, part_lines: int = 0) -> dict:
         return {**metrics(y, p, model.task), "samples": int(y.size), "skipped_lines": sum(g[2] for g in got)}
 
     res = scoring_job(cfg, path, "yes", work)
-    return {"checkpoint": str(path), "step": int(read_manifest(path)["step"]), **res,
-            "seconds": round(time.perf_counter() - t0, 3)}
+    return {"checkpoint": str(path), "step": int(read_manifest(path)["step"]), **res, "data": cfg.data.path,
+            "split": f"the last {tail:g} (held out)" if tail else "all", "seconds": round(time.perf_counter() - t0, 3)}

@@ -14,7 +14,7 @@ from ..data.columns import Layout, criteo_layout
 from ..data.sources import _index_all, _layout, header_rule
 from .ratings import ratings_header, ratings_input
 
-__all__ = ["resolve_checkpoint", "scoring_config", "index_inputs", "layout_of", "input_layout", "Shape", "check_tables", "peek_columns",
+__all__ = ["resolve_checkpoint", "held_out", "tail_parts", "scoring_config", "index_inputs", "layout_of", "input_layout", "Shape", "check_tables", "peek_columns",
            "part_size", "plan_parts"]
 
 
@@ -37,6 +37,32 @@ def resolve_checkpoint(spec: str, ckpt_dir: str = "") -> Path:
     if not ok:
         raise ValueError(f"--checkpoint {spec}: does not verify: {why}")
     return p
+
+
+def held_out(path: Path) -> tuple[str, float]:
+    """``(files, tail)``: the lines checkpoint ``path``'s training held out for evaluation, as its
+    config says: ``data.eval_path`` (every line, tail 0), or the last ``data.eval_fraction`` of
+    ``data.path``'s lines in input order. ``ValueError`` when it held out nothing. Local."""
+    d = (store.read_manifest(path).get("config") or {}).get("data", {})
+    if d.get("eval_path"):
+        return d["eval_path"], 0.0
+    if d.get("eval_fraction") and d.get("path"):
+        return d["path"], float(d["eval_fraction"])
+    raise ValueError(f"--checkpoint {path}: its training held out no lines (data.eval_fraction = 0, no "
+                     "data.eval_path): name labelled files to score with --data")
+
+
+def tail_parts(files: list, parts: list, tail: float) -> list:
+    """``parts`` cut to the last ``tail`` of the input's lines, as training held them out
+    (:func:`hpcps.data.sources.delimited`: the last ``round(total * tail)`` lines in input order). Local."""
+    total = sum(f.lines for f in files)
+    keep, at, out = total - int(round(total * tail)), 0, []
+    for k, lo, hi in parts:
+        first = max(lo, lo + keep - at)
+        if first < hi:
+            out.append((k, first, hi))
+        at += hi - lo
+    return out
 
 
 def scoring_config(path: Path, config: str | None, data: str, sets=()):
