@@ -385,3 +385,21 @@ def test_ratings_example_trains_then_predict_and_evaluate_by_the_checkpoints_own
     model = torch_model(cfg, Shape(lay), dict(np.load(tmp_path / "model.npz")))
     np.testing.assert_allclose(out["rating"], torch_scores(model, np.zeros((51, 0), np.float32), keys, "ratings"),
                                rtol=1e-5, atol=1e-5)
+
+
+def test_a_resume_with_another_model_kind_is_refused_naming_the_kind(trained, tmp_path):
+    """Issue 51.4: wide_deep -> deepfm resumed and trained from rows of another model, silently; to
+    lr the message blamed the MLPs. Now the first differing model key is named, before any row loads."""
+    import shutil
+    from hpcps.train.compat import check_same_model
+    d, sets = trained
+    shutil.copytree(d / "ck", tmp_path / "ck", symlinks=True)
+    ours = lambda: sorted(p.name for p in (tmp_path / "ck").iterdir() if p.name not in ("STARTED", "LOCK"))  # noqa: E731
+    kept = ours()           # a run's STARTED and (stale once it is gone) LOCK aside
+    r = run_mpi(3, ["-m", "hpcps", "train", "--set", *sets, f"checkpoint.dir={tmp_path / 'ck'}", "job.epochs=3",
+                    "model.kind=deepfm", f"job.export={tmp_path / 'm.npz'}"], timeout=240, check=False)
+    assert r.returncode != 0 and "model.kind = 'wide_deep', this run has 'deepfm'" in r.stderr
+    assert ours() == kept
+    manifest = read_manifest(resolve_checkpoint(str(d / "ck" / "best")))
+    with pytest.raises(ValueError, match="model.kind = 'wide_deep', this run has 'lr'"):
+        check_same_model(load_config(None, [*sets, "model.kind=lr"]), manifest, "ck")

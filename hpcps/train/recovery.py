@@ -17,8 +17,9 @@ from ..checkpoint.lock import DirLock
 from ..config import Config, parse_permissions
 from ..core.wait import quiet_barrier, wait_request
 from ..errors import HpcpsError
+from .compat import check_same_data, check_same_dense_optimizer, check_same_model
 
-__all__ = ["open_checkpointer", "find_resume", "check_same_data", "check_same_dense_optimizer", "pick_level", "load_level", "CheckpointTrigger", "record_start"]
+__all__ = ["open_checkpointer", "find_resume", "pick_level", "load_level", "CheckpointTrigger", "record_start"]
 
 logger = logging.getLogger(__name__)
 
@@ -156,51 +157,6 @@ def pick_level(cfg: Config, ctx, tables):
     return found.path, found.own, "local"
 
 
-SAME_DATA = ("format", "path", "eval_path", "eval_fraction", "label")
-
-
-def _data_key(data: dict, key: str):
-    """A data key as compared across runs: file lists as resolved paths. Local."""
-    v = data.get(key)
-    if key in ("path", "eval_path") and v:
-        return [str(Path(p).resolve()) for p in str(v).split(",")]
-    return v
-
-
-def check_same_data(cfg: Config, manifest: dict, path) -> None:
-    """``checkpoint.resume = "auto"`` goes on only with the data the checkpoint was trained on:
-    a ``ValueError`` naming the first key that differs (data.format, path, eval_path,
-    eval_fraction, label), before any row is loaded. A run pointed at a new file with an old
-    ``checkpoint.dir`` would otherwise go on from (or, stopped early, only evaluate) the old
-    model. A checkpoint's path in ``checkpoint.resume`` is taken as asked. Local."""
-    saved = manifest.get("config", {}).get("data")
-    if saved is None:
-        return
-    now = cfg.to_dict()["data"]
-    for key in SAME_DATA:
-        if _data_key(saved, key) != _data_key(now, key):
-            raise ValueError(f"checkpoint.resume = auto: {path} was trained with data.{key} = {saved.get(key)!r}, "
-                             f"this run has {now.get(key)!r}: use another checkpoint.dir to train afresh, or "
-                             f"checkpoint.resume = {path} to go on from it anyway")
-
-
-def check_same_dense_optimizer(cfg: Config, manifest: dict, path) -> None:
-    """A checkpoint's dense optimizer state fits only the optimizer that wrote it: another
-    ``optimizer.dense.name``, or ``optimizer.dense.linear_lr`` set on one side only (one param group
-    or two), is a ``ValueError`` naming both, before any row is loaded. Local."""
-    saved = manifest.get("config", {}).get("optimizer", {}).get("dense", {}).get("name")
-    if saved is not None and saved != cfg.optimizer.dense.name:
-        raise ValueError(f"{path} was trained with optimizer.dense.name = {saved!r}, this run has "
-                         f"{cfg.optimizer.dense.name!r}: its dense optimizer state fits only {saved!r} (set it back, "
-                         f"or train afresh with checkpoint.resume = none and another checkpoint.dir)")
-    theirs = manifest.get("config", {}).get("optimizer", {}).get("dense", {}).get("linear_lr", 0.0)
-    if bool(theirs) != bool(cfg.optimizer.dense.linear_lr):        # one param group or two
-        raise ValueError(f"{path} was trained with optimizer.dense.linear_lr = {theirs}, this run has "
-                         f"{cfg.optimizer.dense.linear_lr}: its dense optimizer state has "
-                         f"{'two param groups' if theirs else 'one param group'} (set a linear_lr on both sides or "
-                         f"neither, or train afresh with checkpoint.resume = none and another checkpoint.dir)")
-
-
 def load_level(cfg: Config, ctx, tables) -> tuple:
     """Pick the checkpoint level (:func:`pick_level`) and load the PS ranks' rows from it:
     ``(path, level, step)`` (``(None, None, 0)``: a fresh start). A PS's node-local file that fails
@@ -218,6 +174,7 @@ def load_level(cfg: Config, ctx, tables) -> tuple:
         manifest = ckpt_mod.read_manifest(path)
         if cfg.checkpoint.resume == "auto":
             check_same_data(cfg, manifest, path)     # alike on every rank
+        check_same_model(cfg, manifest, path)
         check_same_dense_optimizer(cfg, manifest, path)
         bad = None
         try:
