@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from hpcps.checkpoint import read_manifest
+from hpcps.checkpoint import read_manifest, store
 from hpcps.config import load_config
 from hpcps.data.textfiles import LineReader
 from hpcps.predict.inputs import Shape, index_inputs, input_layout, plan_parts, resolve_checkpoint
@@ -403,3 +403,33 @@ def test_a_resume_with_another_model_kind_is_refused_naming_the_kind(trained, tm
     manifest = read_manifest(resolve_checkpoint(str(d / "ck" / "best")))
     with pytest.raises(ValueError, match="model.kind = 'wide_deep', this run has 'lr'"):
         check_same_model(load_config(None, [*sets, "model.kind=lr"]), manifest, "ck")
+
+
+def test_what_is_scored_is_said_one_class_labels_header_only_input_upper_case_names_and_broken_checkpoints(
+        trained, tmp_path, capsys):
+    """Issue 51.7: one-class labels gave "auc": NaN (not JSON); a header-only input a 0-byte CSV or a
+    traceback; --out X.CSV a directory; evaluate DIR dropped a truncated checkpoint without a word."""
+    import shutil
+    from hpcps.cli import _parser
+    from hpcps.predict.cli import _checkpoints, prepare
+    from hpcps.predict.evaluate import metrics
+    from hpcps.predict.output import Output
+    got = metrics(np.zeros(5), np.full(5, 0.3), "ctr")
+    assert got["auc"] is None and "every label is 0" in got["undefined"]["auc"] and got["logloss"] > 0
+    json.dumps(got, allow_nan=False)                    # strict JSON
+    assert Output(tmp_path / "S.CSV").single and Output(tmp_path / "S.CSV").fmt == "csv"
+    d, _ = trained
+    (tmp_path / "head.csv").write_text(",".join(COLUMNS) + "\n")
+    for command in (["predict", "--out", str(tmp_path / "s.parquet")], ["evaluate"]):
+        job, error = prepare(_parser().parse_args([*command, "--checkpoint", str(d / "ck" / "best"),
+                                                   "--data", str(tmp_path / "head.csv")]))
+        assert job is None and "no data lines to score" in str(error)
+    assert not list(tmp_path.glob(".*parts"))
+    shutil.copytree(d / "ck", tmp_path / "ck", symlinks=True)
+    steps = store.list_checkpoints(tmp_path / "ck")
+    part = steps[-1] / "ps-00000.h5"
+    part.write_bytes(part.read_bytes()[:1000])
+    capsys.readouterr()
+    listed = _checkpoints(_parser().parse_args(["evaluate", "--checkpoint", str(tmp_path / "ck")]))
+    assert [p.name for p in listed] == [p.name for p in steps[:-1]]
+    assert f"{steps[-1].name} does not verify" in capsys.readouterr().err

@@ -71,9 +71,11 @@ def _checkpoints(args) -> list:
     for spec in args.checkpoint:
         p = Path(spec)
         if p.is_dir() and not (p / store.MANIFEST).exists():
-            found = [c for c in store.list_checkpoints(p) if store.verify_chain(c)[0]]
+            checked = [(c, store.verify_chain(c)) for c in store.list_checkpoints(p)]
+            found = [c for c, (ok, _) in checked if ok]
             if not found:
                 raise ValueError(f"--checkpoint {spec}: no verified checkpoint in that directory")
+            _warn([f"{c.name} does not verify ({why}): left out" for c, (ok, why) in checked if not ok])
             out += found
         else:
             out.append(resolve_checkpoint(spec, _ckpt_dir(args)))
@@ -98,13 +100,13 @@ def _trained_on(cfg, path) -> bool:
     return bool(ours & {p.resolve() for p in expand_inputs(cfg.data.path, "--data")})
 
 
-def _warn_trained_on(names: list) -> None:
-    """Rank 0: one warning naming the checkpoints that ``--data`` holds training lines of. Local."""
-    from mpi4py import MPI
-    if names and MPI.COMM_WORLD.Get_rank() == 0:
-        print(f"hpcps: warning: --data holds lines that {', '.join(names)} trained on: the metrics are "
-              "optimistic (without --data, evaluate scores each checkpoint's held-out split)",
-              file=sys.stderr, flush=True)
+def _warn(lines: list) -> None:
+    """Rank 0 (the process, where MPI is not started): each of ``lines`` as a warning, before any
+    communication. Local."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None or not mpi.Is_initialized() or mpi.COMM_WORLD.Get_rank() == 0:
+        for line in lines:
+            print(f"hpcps: warning: {line}", file=sys.stderr, flush=True)
 
 
 def prepare(args):
@@ -129,7 +131,9 @@ def prepare(args):
         cfgs = [scoring_config(p, args.config, d, args.set) for p, (d, _) in zip(paths, data)]
         for c, p in zip(cfgs, paths):
             peek_columns(c, p, "yes")
-        _warn_trained_on([p.name for c, p in zip(cfgs, paths) if args.data and _trained_on(c, p)])
+        seen = [p.name for c, p in zip(cfgs, paths) if args.data and _trained_on(c, p)]
+        _warn([f"--data holds lines that {', '.join(seen)} trained on: the metrics are optimistic (without "
+               "--data, evaluate scores each checkpoint's held-out split)"] if seen else [])
         from .evaluate import evaluate_checkpoint
         return (lambda: {"evaluate": [evaluate_checkpoint(c, p, tail=t) for c, p, (_, t) in zip(cfgs, paths, data)]}), None
     except (ValueError, OSError) as e:
@@ -143,4 +147,7 @@ def run(result: dict) -> None:
         names = [k for k in ("auc", "logloss", "rmse", "mae", "calibration") if k in result["evaluate"][0]]
         print(f"| step | {' | '.join(names)} | samples | checkpoint |\n|{' --- |' * (len(names) + 3)}")
         for r in result["evaluate"]:
-            print(f"| {r['step']} | {' | '.join(f'{r[k]:.5f}' for k in names)} | {r['samples']} | {r['checkpoint']} |")
+            cells = ' | '.join('-' if r[k] is None else f'{r[k]:.5f}' for k in names)
+            print(f"| {r['step']} | {cells} | {r['samples']} | {r['checkpoint']} |")
+            for k, why in r.get("undefined", {}).items():
+                print(f"hpcps: warning: step {r['step']}: {k} is undefined ({why})", file=sys.stderr, flush=True)

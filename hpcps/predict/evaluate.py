@@ -26,7 +26,14 @@ def metrics(y: np.ndarray, p: np.ndarray, task: str) -> dict:
     if not y.size:
         raise ValueError("no labelled samples to evaluate")
     out = {"rmse": rmse(y, p), "mae": mae(y, p), "calibration": calibration(y, p)}
-    return {"auc": auc(y, p), "logloss": logloss(y, p), **out} if task == "ctr" else out
+    out = {"auc": auc(y, p), "logloss": logloss(y, p), **out} if task == "ctr" else out
+    undefined = [k for k, v in out.items() if not np.isfinite(v)]
+    if undefined:                       # strict JSON: null, and why
+        rate = float(np.mean(y))
+        why = (f"every label is {rate:g}: AUC needs both classes" if task == "ctr" and rate in (0.0, 1.0)
+               else "the mean label is 0" if rate == 0 else "not finite")
+        out = {**{k: (None if k in undefined else v) for k, v in out.items()}, "undefined": {k: why for k in undefined}}
+    return out
 
 
 def evaluate_checkpoint(cfg, path, part_lines: int = 0, tail: float = 0.0) -> dict:

@@ -116,10 +116,25 @@ def peek_columns(cfg, path, labelled: str = "auto") -> None:
     with f:
         lines = [f.readline().decode("utf-8", "replace").rstrip("\r\n") for _ in range(2)]
     header = lines[0] if lines[0] and rule(lines[0]) else None
+    if not (lines[1] if header is not None else lines[0]):
+        _some_data_line(cfg.data.path, rule)
     fi = FileIndex(first, compressed, header, 1, 0, first=lines[1] if header is not None else lines[0])
     manifest = store.read_manifest(path)
     lay, _ = layout_of(cfg.data, [fi], labelled, manifest, path)
     check_tables(cfg, Shape(lay), manifest, path)
+
+
+def _some_data_line(spec: str, rule) -> None:
+    """The first input file has no data line: ``ValueError`` unless another file has one. Local."""
+    from ..core.inputs import open_binary
+    files = expand_inputs(spec, "--data")
+    for name in files[1:]:
+        f, _ = open_binary(str(name))
+        with f:
+            lines = [f.readline().decode("utf-8", "replace").rstrip("\r\n") for _ in range(2)]
+        if lines[0] and not rule(lines[0]) or lines[1]:
+            return
+    raise ValueError(f"--data {spec}: no data lines to score ({'a header at most' if len(files) == 1 else f'{len(files)} files, each a header at most'})")
 
 
 def _without(lay: Layout, col: int) -> Layout:

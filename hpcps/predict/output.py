@@ -34,12 +34,13 @@ class Output:
 
     def __init__(self, out, fmt: str = "", overwrite: bool = False):
         self.out, self.overwrite = Path(out), overwrite
-        self.single = self.out.suffix in (".csv", ".parquet") and not str(out).endswith("/")
-        self.fmt = fmt or (self.out.suffix[1:] if self.single else "csv")
+        suffix = self.out.suffix.lower()                   # NAME.CSV is a file as NAME.csv is
+        self.single = suffix in (".csv", ".parquet") and not str(out).endswith("/")
+        self.fmt = fmt or (suffix[1:] if self.single else "csv")
         if self.fmt not in FORMATS:
             raise ValueError(f"--format {fmt}: must be csv or parquet")
-        if self.single and self.out.suffix[1:] != self.fmt:
-            raise ValueError(f"--out {out} with --format {fmt}: the name says {self.out.suffix[1:]}")
+        if self.single and suffix[1:] != self.fmt:
+            raise ValueError(f"--out {out} with --format {fmt}: the name says {suffix[1:]}")
         self.parts_dir = self.out.parent / f".{self.out.name}.parts" if self.single else self.out
         self.plan = None
 
