@@ -113,6 +113,41 @@ def test_plan_command_prints_a_layout_and_refuses_nodes_too_small(tmp_path):
     assert r.returncode == 1 and "no layout fits" in r.stderr and "use more nodes" in r.stderr
 
 
+def test_the_search_never_plans_more_workers_than_the_global_batch_and_tries_every_rank_but_one():
+    """Issue 51.8: 128 nodes of large.toml gave 1,015 workers for a global batch of 512 (train refuses
+    it); 10^9 nodes gave "no layout fits" naming a layout that fits."""
+    w = wl.Workload((wl.Table(1_000_000, 16, 16, "adagrad", 0.0),), 512, 4, 1000, 2)
+    best, fewest = search(w, COSTS, Cluster(128, cpus_per_node=64, mem_per_node=512e9))
+    assert best["workers"] <= 512 and fewest["workers"] <= 512 and best["num_ps"] + best["workers"] == 1024
+    best, _ = search(w, COSTS, Cluster(10**9, cpus_per_node=64, mem_per_node=512e9))
+    assert best is not None and best["workers"] <= 512
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--net-gbps", "-10"], "--net-gbps -10: must be > 0"),
+    (["--net-gbps", "0"], "--net-gbps 0: must be > 0"),
+    (["--fs-gbps", "0"], "--fs-gbps 0: must be > 0"),
+    (["--latency-us", "-1"], "--latency-us -1: must be >= 0"),
+    (["--mem-per-node", "nan"], "--mem-per-node nan"),
+    (["--costs", "NOTJSON"], "not JSON"),
+    (["--costs", "ZERO"], "apply_s_per_row = 0: must be a number > 0"),
+])
+def test_plan_refuses_numbers_out_of_range_naming_the_option(tmp_path, capsys, args, message):
+    """Issue 51.8: negative bandwidths planned a faster cluster, zeros divided by zero, a non-JSON
+    --costs did not name the file."""
+    from hpcps.cli import main
+    (tmp_path / "bad.json").write_text("not json")
+    (tmp_path / "zero.json").write_text(json.dumps({**COSTS.to_dict(), "apply_s_per_row": 0}))
+    (tmp_path / "c.json").write_text(json.dumps(COSTS.to_dict()))
+    args = [a.replace("NOTJSON", str(tmp_path / "bad.json")).replace("ZERO", str(tmp_path / "zero.json")) for a in args]
+    code = main(["plan", "--config", str(ROOT / "examples" / "large.toml"), "--nodes", "2",
+                 "--costs", str(tmp_path / "c.json"), *args])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and "Traceback" not in err
+    if "--costs" in args:
+        assert args[args.index("--costs") + 1] in err
+
+
 def test_costs_are_timed_for_the_config(tmp_path):
     from hpcps.plan.costs import measure
     c = measure(load_config(ROOT / "tests" / "configs" / "tiny_ctr.toml", [], environ={}))

@@ -35,20 +35,48 @@ def _gb(x: float) -> str:
     return f"{x / 1e9:,.1f} GB"
 
 
+def _check_cluster(args) -> None:
+    """``ValueError`` naming the first option out of range (a zero bandwidth divides by zero, a
+    negative one plans a faster cluster than any). Local."""
+    import math
+    for name, value, least, strict in (("--nodes", args.nodes, 1, False), ("--cpus-per-node", args.cpus_per_node, 1, False),
+                                       ("--ranks-per-node", args.ranks_per_node, 0, False),
+                                       ("--mem-per-node", args.mem_per_node, 0, True), ("--net-gbps", args.net_gbps, 0, True),
+                                       ("--fs-gbps", args.fs_gbps, 0, True), ("--latency-us", args.latency_us, 0, False)):
+        if not math.isfinite(value) or value < least or (strict and value <= least):
+            raise ValueError(f"plan: {name} {value:g}: must be {'>' if strict else '>='} {least}")
+    if args.ranks_per_node > args.cpus_per_node:
+        raise ValueError(f"plan: --ranks-per-node {args.ranks_per_node}: more than --cpus-per-node {args.cpus_per_node}")
+
+
+def _load_costs(path: str, Costs):
+    """The costs a ``--save-costs`` file holds; ``ValueError`` naming the file and what is wrong. Local."""
+    import math
+    try:
+        saved = json.loads(open(path).read())
+        costs = Costs(**saved)
+    except OSError as e:
+        raise ValueError(f"--costs {path}: {e.strerror}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"--costs {path}: not JSON ({e})") from None
+    except TypeError as e:
+        raise ValueError(f"--costs {path}: not a file of hpcps plan --save-costs ({e})") from None
+    for key, value in costs.to_dict().items():
+        if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0 or (
+                value == 0 and key != "draw_s_per_sample"):
+            raise ValueError(f"--costs {path}: {key} = {value!r}: must be a number > 0")
+    return costs
+
+
 def run(args, cfg) -> int:
     """Print the plan of ``cfg`` for ``args``; 1 when nothing fits. Local."""
     from .costs import Costs, measure          # here: `hpcps --help` and `train` import no torch or MPI for it
     from .model import MEMORY_SHARE, Cluster, search
     from .workload import describe, workload
-    if args.nodes < 1 or args.cpus_per_node < 1 or args.mem_per_node <= 0:
-        print("hpcps: error: plan: --nodes, --cpus-per-node and --mem-per-node must be > 0", file=sys.stderr)
-        return 2
+    _check_cluster(args)
     w = workload(cfg)
     if args.costs:
-        try:
-            costs = Costs(**json.loads(open(args.costs).read()))
-        except TypeError as e:
-            raise ValueError(f"--costs {args.costs}: not a file of hpcps plan --save-costs ({e})") from None
+        costs = _load_costs(args.costs, Costs)
     else:
         costs = measure(cfg)
     if args.save_costs:
@@ -71,6 +99,9 @@ def run(args, cfg) -> int:
     t = best["terms_s"]
     print(f"layout: {best['num_ps']} PS + {best['workers']} workers (--set job.num_ps={best['num_ps']}); "
           f"fewest PS that fit: {fewest['num_ps']}")
+    if cl.ranks - 1 > w.batch:
+        print(f"note: the global batch ({w.batch}) caps the workers at {w.batch} (a sample each): the "
+              f"other ranks can only be PS; a larger data.batch_size puts more nodes to work", file=sys.stderr)
     print(f"memory: {_gb(best['ps_bytes'])} a PS (rows, state, staging, push mailboxes); {_gb(best['node_bytes'])} a node "
           f"of {_gb(cl.mem_per_node)}")
     draw = f"draw {1e3 * t['draw']:.2f} + " if t["draw"] else ""

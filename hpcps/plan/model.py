@@ -111,11 +111,13 @@ def predict(w: Workload, c: Costs, cl: Cluster, num_ps: int, remote: float | Non
 def search(w: Workload, c: Costs, cl: Cluster) -> tuple[dict | None, dict]:
     """``(the fastest layout that fits, the layout with the fewest PS that fits)``; ``(None, the
     layout with every rank but one a PS)`` when nothing fits. PS counts tried: 1 to 8, then about
-    10% apart, and each multiple of the nodes among them."""
+    10% apart, each multiple of the nodes among them, and every rank but one; never fewer than
+    leave at most one worker a sample of the global batch (``train`` refuses more workers)."""
     R, N = cl.ranks, cl.nodes
+    least = max(1, R - w.batch)
     tries = {p for p in range(1, 9)} | {int(round(1.1 ** k)) for k in range(200) if 1.1 ** k < R}
-    tries |= {N * k for k in (1, 2, 3, 4, 6, 8)}
-    tries = sorted(p for p in tries if 1 <= p < R)
+    tries |= {N * k for k in (1, 2, 3, 4, 6, 8)} | {least, R - 1}
+    tries = sorted(p for p in tries if least <= p < R)
     fits = [x for x in (predict(w, c, cl, p) for p in tries) if x["fits"]]
     if not fits:
         return None, predict(w, c, cl, R - 1)
