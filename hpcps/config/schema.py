@@ -193,8 +193,8 @@ class MonitorConfig:
     memory: float = 0.9         # a host's memory in use over this share of what it has
     node_memory_mb: int = 0     # what a host has for the job (0: the cgroup's limit, else the node's memory)
     disk_checkpoints: float = 2.0  # free space under this many checkpoints' worth
-    ps_busy: float = 0.9        # a PS busy over this share of the time ...
-    ps_wait: float = 0.3        # ... while the workers wait on it over this share of their step
+    ps_wait: float = 0.3        # the workers wait on a PS over this share of their step ...
+    ps_busy: float = 0.8        # ... and it is busy for at least this share of that wait
     straggler: float = 1.5      # a host's own work per step over this many times the median host's
     silent: float = 3.0         # a rank that has not reported for this many metrics.every
     on_alert: str = "log"       # log | checkpoint_and_stop (exit 85, for a restart with the suggested layout)

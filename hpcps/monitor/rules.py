@@ -12,6 +12,7 @@ __all__ = ["host_records", "judge", "suggest_num_ps", "RULES", "TARGET_PS_BUSY"]
 RULES = ("memory", "disk", "ps_overloaded", "straggler", "silent")
 SHARES = ("busy", "apply", "checkpoint", "serve")     # a PS's shares of its time
 TARGET_PS_BUSY = 0.7        # a suggested layout puts each PS at about this share of busy time
+TARGET_WAIT = 2 / 3         # ... and the workers' wait on a PS at this share of monitor.ps_wait
 _MB = 1e6
 
 
@@ -105,10 +106,14 @@ def _wait_share(w: np.ndarray, num_ps: int) -> np.ndarray:
     return (fence + rpc) / step
 
 
-def suggest_num_ps(busy: list, num_ps: int) -> int:
-    """How many PS would carry the measured load at about :data:`TARGET_PS_BUSY` each (the PS's
-    busy shares add up to the work; more PS split it), at least one more than now. Local, pure."""
-    return max(num_ps + 1, math.ceil(sum(b for b in busy if math.isfinite(b)) / TARGET_PS_BUSY))
+def suggest_num_ps(busy: list, num_ps: int, wait: float = 0.0, target_wait: float = 0.2) -> int:
+    """How many PS would carry the measured load: at about :data:`TARGET_PS_BUSY` busy each (the
+    PS's busy shares add up to the work; more PS split it), and with the workers' wait on the most
+    waited-on PS (``wait``, a share of their step) cut to ``target_wait`` (the wait is that PS's
+    work, which more PS split); at least one more than now. Local, pure."""
+    by_busy = math.ceil(sum(b for b in busy if math.isfinite(b)) / TARGET_PS_BUSY)
+    by_wait = math.ceil(num_ps * wait / target_wait) if wait > 0 else 0
+    return max(num_ps + 1, by_busy, by_wait)
 
 
 def judge(rows: np.ndarray, hosts: list[dict], host_of: list, host_names: list, ps_ranks: list, mon,
@@ -151,8 +156,10 @@ def judge(rows: np.ndarray, hosts: list[dict], host_of: list, host_names: list, 
 
 
 def _ps_alerts(rows, host_of, host_names, ps_ranks, mon) -> list[dict]:
-    """A PS busy over ``monitor.ps_busy`` while the workers wait on it over ``monitor.ps_wait`` of
-    their step. Local, pure."""
+    """A PS the workers lose over ``monitor.ps_wait`` of their step to, busy for at least
+    ``monitor.ps_busy`` of that wait (so the wait is its work, not a slow link or another
+    worker). A sync PS idles while its workers compute, so its busy share alone never shows it
+    holding them back; a PS busy all the time but not in their way raises nothing. Local, pure."""
     P = len(ps_ranks)
     busy = [float(rows[r, at("busy")]) for r in ps_ranks]
     wk = [r for r in range(rows.shape[0]) if rows[r, at("role")] == WORKER
@@ -162,14 +169,14 @@ def _ps_alerts(rows, host_of, host_names, ps_ranks, mon) -> list[dict]:
     wait = _wait_share(rows[wk], P).mean(axis=0)
     out = []
     for p, r in enumerate(ps_ranks):
-        if math.isfinite(busy[p]) and busy[p] > mon.ps_busy and wait[p] > mon.ps_wait:
-            n = suggest_num_ps(busy, P)
-            out.append({"rule": "ps_overloaded", "rank": r, "host": host_names[host_of[r]], "figure": round(busy[p], 3),
-                        "limit": mon.ps_busy, "suggest_num_ps": n,
-                        "message": f"PS overloaded: PS {p} (rank {r}, host {host_names[host_of[r]]}) is busy "
-                        f"{busy[p]:.0%} of the time and the workers wait on it {wait[p]:.0%} of their step: the "
-                        f"layout needs more PS, about {n} for the measured load (their busy shares add to "
-                        f"{sum(b for b in busy if math.isfinite(b)):.2f}); restart with --set job.num_ps={n} "
+        if math.isfinite(busy[p]) and wait[p] > mon.ps_wait and busy[p] >= mon.ps_busy * wait[p]:
+            n = suggest_num_ps(busy, P, float(np.max(wait)), TARGET_WAIT * mon.ps_wait)
+            out.append({"rule": "ps_overloaded", "rank": r, "host": host_names[host_of[r]], "figure": round(float(wait[p]), 3),
+                        "limit": mon.ps_wait, "busy": round(busy[p], 3), "suggest_num_ps": n,
+                        "message": f"PS overloaded: the workers wait on PS {p} (rank {r}, host {host_names[host_of[r]]}) "
+                        f"{wait[p]:.0%} of their step, and it is busy {busy[p]:.0%} of the time: the layout needs more "
+                        f"PS, about {n} to cut that wait to {TARGET_WAIT * mon.ps_wait:.0%} (and their busy shares "
+                        f"add to {sum(b for b in busy if math.isfinite(b)):.2f}); restart with --set job.num_ps={n} "
                         f"(and {n - P} more ranks to keep the workers)"})
     return out
 
