@@ -21,6 +21,7 @@ def _files(d):
     (d / "dup.toml").write_text("[job]\nsteps = 1\nsteps = 2\n")
     (d / "unknown.toml").write_text("[jobs]\nsteps = 1\n")
     (d / "afile").write_text("x")
+    (d / "two.csv").write_text("y,a\n1,x\n0,z\n")
     (d / "foreign.h5").write_bytes(b"not hdf5")
     with h5py.File(d / "real.h5", "w") as f:                   # a valid HDF5 file that is no checkpoint
         f["x"] = [1.0, 2.0]
@@ -45,6 +46,10 @@ CASES = [
     ("unknown-key", ["train", "--set", "job.stepz=1"], {}, "did you mean 'job.steps'"),
     ("negative-steps", ["train", "--set", "job.steps=-1"], {}, "job.steps"),
     ("negative-epochs", ["train", "--set", "job.epochs=-1"], {}, "job.epochs = '-1' (--set): must be >= 0"),
+    # issue 51.10: synthetic data blamed job.steps; no held-out lines was a TypeError after the first epoch
+    ("auto-epochs-synthetic", ["train", "--set", "job.epochs=auto"], {}, "job.epochs = 'auto': synthetic data is endless"),
+    ("auto-epochs-nothing-held-out", ["train", "--set", "data.format=csv", "data.path={d}/two.csv", "data.label=y",
+                                      "job.epochs=auto", "data.eval_fraction=0"], {}, "no held-out lines to evaluate"),
     ("mlp-of-text", ["train", "--set", "model.bottom_mlp=abc"], {}, "model.bottom_mlp = 'abc' (--set): expected a list of integers"),
     ("env-misspelled", ["train"], {"HPCPS_JOB_STEPZ": "3"}, "HPCPS_JOB_STEPZ names no config key; did you mean 'HPCPS_JOB_STEPS'"),
     ("zero-dim", ["train", "--set", "model.dim=0"], {}, "model.dim"),

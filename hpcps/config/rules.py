@@ -140,8 +140,7 @@ def _check_tune(cfg: Config) -> None:
 
 def validate(cfg: Config) -> None:
     """Raise ``ValueError`` naming the first bad setting. Local."""
-    j, d, m = cfg.job, cfg.data, cfg.model
-    _check(j.num_ps >= 1, "job.num_ps", j.num_ps, "must be >= 1")
+    _check(cfg.job.num_ps >= 1, "job.num_ps", cfg.job.num_ps, "must be >= 1")
     if cfg.metrics.tensorboard:
         import importlib.util
         _check(importlib.util.find_spec("tensorboard") is not None, "metrics.tensorboard", cfg.metrics.tensorboard,
@@ -149,6 +148,17 @@ def validate(cfg: Config) -> None:
                "-e '.[tensorboard]')")
     _check_monitor(cfg)
     _check_tune(cfg)
+    _check_job(cfg)
+    _check_data(cfg)
+    _check_model(cfg)
+    _check_pipeline(cfg)
+    _check_checkpoint(cfg)
+    _check_optimizers(cfg)
+
+
+def _check_job(cfg: Config) -> None:
+    """The ``[job]`` checks of :func:`validate`."""
+    j, d = cfg.job, cfg.data
     try:
         parse_mode(j.mode)
     except ValueError as e:
@@ -161,15 +171,6 @@ def validate(cfg: Config) -> None:
     _check(j.step_delay >= 0, "job.step_delay", j.step_delay, "must be >= 0")
     _check(j.world_size >= 0, "job.world_size", j.world_size, "must be >= 0 (0: not checked)")
     _check(j.ps_layout in PS_LAYOUTS, "job.ps_layout", j.ps_layout, f"must be one of {PS_LAYOUTS}")
-    c = cfg.checkpoint
-    _check(c.local_every >= 0, "checkpoint.local_every", c.local_every, "must be >= 0 (0: off)")
-    _check(c.local_keep >= 1, "checkpoint.local_keep", c.local_keep, "must be >= 1")
-    _check(c.local_full_every >= 0, "checkpoint.local_full_every", c.local_full_every, "must be >= 0 (0: auto)")
-    _check(not c.local_dir or c.dir, "checkpoint.local_dir", c.local_dir,
-           "needs checkpoint.dir too (the parallel filesystem level, and the job's lock)")
-    _check(not c.local_every or c.local_dir, "checkpoint.local_every", c.local_every, "needs checkpoint.local_dir")
-    _check(not c.local_dir or not c.dir or Path(c.local_dir).resolve() != Path(c.dir).resolve(),
-           "checkpoint.local_dir", c.local_dir, "must not be checkpoint.dir")
     _check(str(j.deterministic).lower() in SWITCHES, "job.deterministic", j.deterministic, "must be auto, true or false")
     _check(not (SWITCHES.get(str(j.deterministic).lower()) == "on" and not str(j.mode).startswith("sync")),
            "job.deterministic", j.deterministic, f"needs job.mode = sync (the order of updates in {j.mode} depends "
@@ -187,6 +188,11 @@ def validate(cfg: Config) -> None:
            "(or, with file data, job.eval_each_epoch = true)")
     _check(not j.export_best or (j.export and cfg.checkpoint.keep_best), "job.export_best", j.export_best,
            "needs job.export (where to) and checkpoint.keep_best (which checkpoint is best)")
+
+
+def _check_data(cfg: Config) -> None:
+    """The ``[data]`` checks of :func:`validate` (and the epochs they allow)."""
+    j, d = cfg.job, cfg.data
     _check(d.format in FORMATS, "data.format", d.format, f"must be one of {', '.join(FORMATS)}")
     _check(d.batch_size >= 1, "data.batch_size", d.batch_size, "must be >= 1")
     _check(0 <= d.eval_fraction < 1, "data.eval_fraction", d.eval_fraction, "must be in [0, 1)")
@@ -198,6 +204,8 @@ def validate(cfg: Config) -> None:
         _check(d.scale > 0 and math.isfinite(d.scale), "data.scale", d.scale, "must be > 0")
         _check(d.zipf > 1, "data.zipf", d.zipf, "must be > 1")
         _check(d.eval_samples >= 1, "data.eval_samples", d.eval_samples, "must be >= 1")
+        _check(j.epochs == 0, "job.epochs", "auto" if j.epochs == AUTO_EPOCHS else j.epochs,
+               "synthetic data is endless, it has no epochs: set job.steps (and leave job.epochs = 0)")
         _check(j.steps > 0 and j.epochs == 0, "job.steps", j.steps,
                "synthetic data is endless: set job.steps > 0 and leave job.epochs = 0")
     else:
@@ -206,6 +214,10 @@ def validate(cfg: Config) -> None:
         if d.eval_path:
             expand_inputs(d.eval_path, "data.eval_path")
         _check(j.steps > 0 or j.epochs != 0, "job.epochs", j.epochs, "set job.steps, or job.epochs > 0 or \"auto\"")
+        _check(j.epochs != AUTO_EPOCHS or d.eval_fraction > 0 or bool(d.eval_path), "job.epochs", "auto",
+               "stops when the evaluation stops improving, and there are no held-out lines to evaluate: set data.eval_fraction > 0 or data.eval_path")
+        _check(j.early_stop_patience == 0 or d.eval_fraction > 0 or bool(d.eval_path), "job.early_stop_patience",
+               j.early_stop_patience, "needs held-out lines to evaluate: set data.eval_fraction > 0 or data.eval_path")
     _check(d.hash_rows >= 1, "data.hash_rows", d.hash_rows, "must be >= 1")
     _check(d.reader in ("auto", "stream", "memory"), "data.reader", d.reader, "must be auto, stream or memory")
     _check(d.stream_split in ("shares", "batches"), "data.stream_split", d.stream_split, "must be shares or batches")
@@ -221,7 +233,11 @@ def validate(cfg: Config) -> None:
     if d.format == "csv":
         _check(d.label != "", "data.label", d.label, "format csv needs the label column (a header name or a "
                "0-based number)")
-    _check_model(cfg)
+
+
+def _check_pipeline(cfg: Config) -> None:
+    """The ``[pipeline]`` checks of :func:`validate`."""
+    j = cfg.job
     pl = cfg.pipeline
     for key in ("prefetch", "background_push", "loader"):
         v = getattr(pl, key)
@@ -233,7 +249,20 @@ def validate(cfg: Config) -> None:
            "fresh rows: use job.mode = async or ssp:S, or cache_rows = 0")
     _check(pl.pull_dtype in ROW_DTYPES, "pipeline.pull_dtype", pl.pull_dtype, f"must be one of {', '.join(ROW_DTYPES)}")
     _check(pl.push_dtype in ROW_DTYPES, "pipeline.push_dtype", pl.push_dtype, f"must be one of {', '.join(ROW_DTYPES)}")
+
+
+def _check_checkpoint(cfg: Config) -> None:
+    """The ``[checkpoint]`` checks of :func:`validate`."""
+    d = cfg.data
     c = cfg.checkpoint
+    _check(c.local_every >= 0, "checkpoint.local_every", c.local_every, "must be >= 0 (0: off)")
+    _check(c.local_keep >= 1, "checkpoint.local_keep", c.local_keep, "must be >= 1")
+    _check(c.local_full_every >= 0, "checkpoint.local_full_every", c.local_full_every, "must be >= 0 (0: auto)")
+    _check(not c.local_dir or c.dir, "checkpoint.local_dir", c.local_dir,
+           "needs checkpoint.dir too (the parallel filesystem level, and the job's lock)")
+    _check(not c.local_every or c.local_dir, "checkpoint.local_every", c.local_every, "needs checkpoint.local_dir")
+    _check(not c.local_dir or not c.dir or Path(c.local_dir).resolve() != Path(c.dir).resolve(),
+           "checkpoint.local_dir", c.local_dir, "must not be checkpoint.dir")
     _check(c.every_steps >= 0 and c.every_seconds >= 0, "checkpoint.every_steps", c.every_steps, "must be >= 0")
     for key in ("every_steps", "every_seconds", "full_every"):
         _check(bool(c.dir) or getattr(c, key) == CheckpointConfig().__dict__[key], f"checkpoint.{key}",
@@ -252,6 +281,11 @@ def validate(cfg: Config) -> None:
     parse_permissions(c.file_mode, "checkpoint.file_mode")
     if c.resume not in ("auto", "none"):
         _check(Path(c.resume).exists(), "checkpoint.resume", c.resume, "no such checkpoint")
+
+
+def _check_optimizers(cfg: Config) -> None:
+    """The ``[optimizer.*]`` checks of :func:`validate`."""
+    j = cfg.job
     for sec_name in ("sparse", "wide", "dense"):
         sec = getattr(cfg.optimizer, sec_name)
         key = f"optimizer.{sec_name}"
