@@ -41,11 +41,11 @@ def torch_scoring(ckpt: Path, export: Path, data: Path) -> dict:
     from hpcps.checkpoint import read_manifest
     from hpcps.config import load_config
     from hpcps.data.textfiles import LineReader
-    from hpcps.predict.inputs import Shape, index_inputs, input_layout
+    from hpcps.predict.inputs import SCORING, Shape, index_inputs, input_layout
     from hpcps.predict.reading import read_part
     from hpcps.predict.serving import torch_model, torch_scores
     man = read_manifest(ckpt)
-    cfg = load_config(None, [f"data.path={data}", "data.eval_fraction=0"], base=man["config"])
+    cfg = load_config(None, [f"data.path={data}", *SCORING], base=man["config"])
     files = index_inputs(cfg.data)
     lay, _ = input_layout(cfg.data, files, "auto", man["layout"])
     model = torch_model(cfg, Shape(lay), dict(np.load(export)))

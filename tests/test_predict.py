@@ -433,3 +433,39 @@ def test_what_is_scored_is_said_one_class_labels_header_only_input_upper_case_na
     listed = _checkpoints(_parser().parse_args(["evaluate", "--checkpoint", str(tmp_path / "ck")]))
     assert [p.name for p in listed] == [p.name for p in steps[:-1]]
     assert f"{steps[-1].name} does not verify" in capsys.readouterr().err
+
+
+def test_mismatched_inputs_name_the_cause(trained, tmp_path, capsys):
+    """Issue 51.11: a missing column gave "42 tables, the checkpoint has 44"; another config's data
+    format "'C2' was not in the training input"; a ratings checkpoint on a CSV suggested
+    data.skip_bad_lines; a garbage manifest "a checkpoint it builds on is unreadable"; exporting a
+    truncated checkpoint an HDF5 message without the file."""
+    import gzip
+    import shutil
+    from hpcps.cli import _parser, main
+    from hpcps.data.textfiles import FileIndex
+    from hpcps.predict.cli import prepare
+    from hpcps.predict.ratings import ratings_input
+    d, _ = trained
+    lines = gzip.decompress((d / "inputs" / "part-0.csv.gz").read_bytes()).decode().splitlines()
+    (tmp_path / "no_v.csv").write_text("".join(",".join(x.split(",")[:3] + x.split(",")[4:]) + "\n" for x in lines))
+    for data, extra, message in [(tmp_path / "no_v.csv", [], "no column for the checkpoint's tables v, wide_v"),
+                                 (d / "inputs" / "part-0.csv.gz", ["--set", "data.format=criteo"],
+                                  "data.format = 'criteo', but")]:
+        job, error = prepare(_parser().parse_args(["predict", "--checkpoint", str(d / "ck" / "best"), "--data",
+                                                   str(data), "--out", str(tmp_path / "s.csv"), *extra]))
+        assert job is None and message in str(error), error
+    fi = FileIndex("x.csv", False, None, 3, 30, first=lines[1])
+    with pytest.raises(ValueError, match="its first line has 6 fields, not 'user item \\[rating\\]': ck is a ratings model"):
+        ratings_input([fi], "auto", {"ratings_ids": {"users": [], "items": []}}, "ck")
+    shutil.copytree(d / "ck", tmp_path / "ck", symlinks=True)
+    first, last = store.list_checkpoints(tmp_path / "ck")[:2]
+    (first / "manifest.json").write_text("garbage{")
+    assert store.verify_chain(first) == (False, f"{first.name}: manifest.json is not JSON (Expecting value: line 1 "
+                                                "column 1 (char 0)): the checkpoint is damaged")
+    part = last / "ps-00000.h5"
+    part.write_bytes(part.read_bytes()[:1000])
+    capsys.readouterr()
+    assert main(["ckpt", "export", str(last), "--out", str(tmp_path / "e.h5")]) == 2
+    assert f"does not verify: {last.name}: ps-00000.h5 has 1000 bytes" in capsys.readouterr().err
+    assert not (tmp_path / "e.h5").exists()

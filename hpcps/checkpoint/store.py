@@ -106,8 +106,11 @@ def remove_tree(path: Path, ignore_errors: bool = False) -> None:
 
 def read_manifest(path) -> dict:
     """The manifest of checkpoint ``path``; ``ValueError`` when it is not a JSON object. Local."""
-    with open(Path(path) / MANIFEST) as f:
-        man = json.load(f)
+    try:
+        with open(Path(path) / MANIFEST, encoding="utf-8") as f:
+            man = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{Path(path).name}: {MANIFEST} is not JSON ({e}): the checkpoint is damaged") from None
     if not isinstance(man, dict):
         raise ValueError(f"{Path(path).name}: {MANIFEST} is not a JSON object")
     return man
@@ -187,7 +190,10 @@ def verify_chain(path) -> tuple[bool, str]:
     try:
         links = chain(path)
     except (OSError, ValueError) as e:
-        return False, f"{Path(path).name}: a checkpoint it builds on is unreadable ({e})"
+        why = f"{e.filename}: {e.strerror}" if isinstance(e, OSError) and e.filename else str(e)
+        if why.startswith(f"{Path(path).name}: "):            # its own manifest
+            return False, why
+        return False, f"{Path(path).name}: a checkpoint it builds on is unreadable ({why})"
     for p in reversed(links):
         ok, why = verify(p)
         if not ok:

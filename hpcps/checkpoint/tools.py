@@ -14,21 +14,25 @@ from .shards import read_dense, shard_file
 __all__ = ["ls", "verify_cmd", "inspect", "export", "weights", "pick"]
 
 
-def pick(path) -> Path:
+def pick(path, verify: bool = True) -> Path:
     """A checkpoint, a directory of them meaning its newest verified one, or ``DIR/best`` (the
-    best evaluation's, ``checkpoint.keep_best``). Local."""
+    best evaluation's, ``checkpoint.keep_best``); with ``verify``, one that does not verify (with
+    what it builds on) is a ``ValueError`` saying why, before anything reads it. Local."""
     p = Path(path)
     if p.name == "best" and p.is_file():
         best = store.read_best(p.parent)
         if best is None:
             raise ValueError(f"{path}: names no checkpoint that still exists")
-        return Path(best["path"])
-    if (p / store.MANIFEST).exists():
-        return p
-    found = store.newest_verified(p, report=lambda m: print(m))
-    if found is None:
-        raise ValueError(f"no verified checkpoint at {path}")
-    return found
+        p = Path(best["path"])
+    elif not (p / store.MANIFEST).exists():
+        found = store.newest_verified(p, report=lambda m: print(m))
+        if found is None:
+            raise ValueError(f"no verified checkpoint at {path}")
+        return found
+    ok, why = store.verify_chain(p) if verify else (True, "")
+    if not ok:
+        raise ValueError(f"does not verify: {why}")
+    return p
 
 
 def _exists(path) -> None:
@@ -143,7 +147,7 @@ def verify_cmd(path, deep: bool = False, max_abs: float = 1e6) -> int:
 
 
 def inspect(path) -> int:
-    p = pick(path)
+    p = pick(path, verify=False)
     ok, why = store.verify_chain(p)
     if not ok:
         print(f"hpcps: {p} does not verify: {why}")

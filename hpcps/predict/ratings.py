@@ -76,6 +76,10 @@ def ratings_input(files: list, labelled: str, manifest: dict, path) -> RatingsIn
         raise ValueError(f"{path}: its manifest keeps no ratings ids (written by an older hpcps): it cannot map "
                          "raw user and item ids to rows")
     first = next((f.first for f in files if f.first), "") or ""
+    if not 2 <= len(split_fields(first)) <= 4:            # the wrong checkpoint for these files, likely
+        raise ValueError(f"{files[0].path}: its first line has {len(split_fields(first))} fields, not 'user item "
+                         f"[rating]': {path} is a ratings model (data.format = ratings); score these files with a "
+                         "checkpoint trained on them")
     has = len(split_fields(first)) >= 3
     if labelled == "yes" and not has:
         raise ValueError(f"{files[0].path}: its first line has no rating (--labels yes)")
