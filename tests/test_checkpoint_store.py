@@ -70,6 +70,37 @@ def test_prune_only_after_commit_keeps_newest(tmp_path):
     assert [p.name for p in store.list_checkpoints(tmp_path)] == ["step-000000003", "step-000000004"]
 
 
+def test_a_checkpoint_a_reader_pinned_is_not_pruned_until_the_reader_is_gone(tmp_path):
+    """Issue 51.12: predict of a checkpoint directory while training pruned it died on a missing
+    manifest. A reader's pin keeps its checkpoint; a dead reader's pin is dropped."""
+    import subprocess
+    from hpcps.checkpoint.lock import pin, pinned, unpin
+    for s in (1, 2):
+        _make(tmp_path, s)
+    mine = pin(tmp_path, "step-000000001")
+    reader = subprocess.Popen(["sleep", "60"])
+    try:                                   # another live process's pin, as a predict job's rank 0 writes it
+        theirs = tmp_path / "PINS" / f"{mine.name.rsplit('-', 1)[0]}-{reader.pid}"
+        theirs.write_text(json.dumps({**json.loads(mine.read_text()), "pid": reader.pid, "checkpoints": ["step-000000002"]}))
+        unpin(mine)
+        _stage(tmp_path, 3)
+        store.commit(tmp_path, 3, {"step": 3}, keep=1)
+        assert [p.name for p in store.list_checkpoints(tmp_path)] == ["step-000000002", "step-000000003"]
+    finally:
+        reader.kill()
+        reader.wait()
+    assert pinned(tmp_path) == set() and not theirs.exists()        # its process is gone
+    _stage(tmp_path, 4)
+    store.commit(tmp_path, 4, {"step": 4}, keep=1)
+    assert [p.name for p in store.list_checkpoints(tmp_path)] == ["step-000000004"]
+
+
+def _stage(root, step) -> None:
+    tmp = store.tmp_dir(root, step)
+    tmp.mkdir()
+    (tmp / "dense.h5").write_bytes(b"d")
+
+
 def test_a_kill_during_prune_leaves_no_half_deleted_checkpoint(tmp_path, monkeypatch):
     import shutil
     for s in (1, 2):

@@ -258,6 +258,7 @@ def test_serving_export_scores_as_predict_with_torch_numpy_and_h5py(trained, tmp
     ("columns", "do not give"),
     ("labels", "has no label column"),
     ("input", "is the input"),
+    ("busy", "another predict writes it"),
 ])
 def test_predict_refuses_bad_input_before_any_communication(trained, tmp_path, case, message):
     """What every rank checks before MPI communicates (hpcps.predict.cli.prepare): nothing written."""
@@ -288,9 +289,18 @@ def test_predict_refuses_bad_input_before_any_communication(trained, tmp_path, c
         out = data = tmp_path / "in.csv"
         data.write_bytes(gzip.decompress((d / "inputs" / "part-0.csv.gz").read_bytes()))
         extra, kept = ["--overwrite"], data.read_bytes()
+    elif case == "busy":                                # issue 51.12: a second predict into one --out
+        import socket
+        import subprocess
+        first = subprocess.Popen(["sleep", "60"])
+        (tmp_path / ".s.csv.lock").write_text(json.dumps({"host": socket.gethostname(), "pid": first.pid,
+                                                          "slurm_job": None, "time": 0}))
     before = sorted(p.name for p in tmp_path.iterdir())
     job, error = prepare(_parser().parse_args(["predict", "--checkpoint", str(ckpt), "--data", str(data),
                                                "--out", str(out), *extra]))
+    if case == "busy":
+        first.kill()
+        first.wait()
     assert job is None and message in str(error)
     assert sorted(p.name for p in tmp_path.iterdir()) == before and not (d / "ck" / "s.csv").exists()
     if case == "exists":

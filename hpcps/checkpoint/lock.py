@@ -14,7 +14,10 @@ import socket
 import time
 from pathlib import Path
 
-__all__ = ["DirLock", "STALE_S", "BEAT_S"]
+__all__ = ["DirLock", "STALE_S", "BEAT_S", "pin", "unpin", "pinned"]
+
+PINS = "PINS"           # <checkpoint.dir>/PINS/<host>-<pid>: a reader's checkpoint, which pruning keeps
+PIN_STALE_S = 3600.0    # a pin of another host is kept this long (its process cannot be asked)
 
 STALE_S, BEAT_S = 120.0, 20.0
 
@@ -35,12 +38,22 @@ def _alive(pid) -> bool:
 
 
 class DirLock:
-    """The lock of checkpoint directory ``root``. Local."""
+    """The lock of checkpoint directory ``root`` (``<root>/LOCK``), or of the file ``path`` where
+    given (``what`` names what it guards in the refusal). Local."""
 
-    def __init__(self, root):
-        self.path = Path(root) / "LOCK"
+    def __init__(self, root=None, path=None, what: str = ""):
+        self.path = Path(path) if path is not None else Path(root) / "LOCK"
+        self.what = what or f"checkpoint.dir {self.path.parent}"
         self.held = False
         self._beat = 0.0
+
+    def holder(self) -> dict | None:
+        """The live job that holds the lock (not this process), or None: what :meth:`acquire`
+        would refuse on, read only. Local."""
+        found = self._holder()
+        if found is None or self._stale(*found, _me()) or found[0].get("pid") == os.getpid():
+            return None
+        return found[0]
 
     def _holder(self):
         """``(holder dict or None, seconds since it was refreshed)``, or None when there is no lock."""
@@ -73,10 +86,10 @@ class DirLock:
                 holder, age = found
                 if not self._stale(holder, age, me):
                     raise ValueError(
-                        f"checkpoint.dir {self.path.parent} is in use by another job: host {holder.get('host')}, "
+                        f"{self.what} is in use by another job: host {holder.get('host')}, "
                         f"process {holder.get('pid')}, Slurm job {holder.get('slurm_job') or '-'}, started "
                         f"{time.strftime('%F %T', time.localtime(holder.get('time', 0)))}, alive {age:.0f} s ago "
-                        f"({self.path}); two jobs must not share a checkpoint directory. If that job is gone, "
+                        f"({self.path}); two jobs must not write there at once. If that job is gone, "
                         f"remove {self.path} or wait {STALE_S:.0f} s")
                 self.path.unlink(missing_ok=True)
                 continue
@@ -100,3 +113,45 @@ class DirLock:
         if self.held:
             self.held = False
             self.path.unlink(missing_ok=True)
+
+
+def pin(root, name: str) -> Path:
+    """A reader (predict, evaluate) says it reads checkpoint ``name`` of ``root``: a training job's
+    pruning keeps it (:func:`pinned`) until :func:`unpin`, or until the reader's process is gone
+    (same host) or :data:`PIN_STALE_S` passed. Returns the pin's path. Local."""
+    me = _me()
+    d = Path(root) / PINS
+    d.mkdir(exist_ok=True)
+    path = d / f"{me['host']}-{me['pid']}"
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({**me, "checkpoints": sorted({*_pins_of(path), name})}))
+    os.replace(tmp, path)
+    return path
+
+
+def _pins_of(path: Path) -> list:
+    try:
+        return list(json.loads(path.read_text()).get("checkpoints", []))
+    except (OSError, ValueError, AttributeError):
+        return []
+
+
+def unpin(path) -> None:
+    """Remove a pin :func:`pin` made (the reader is done). Local."""
+    Path(path).unlink(missing_ok=True)
+
+
+def pinned(root) -> set:
+    """The checkpoint names live readers of ``root`` pinned; stale pins are removed. Local."""
+    out, me = set(), _me()
+    for p in (Path(root) / PINS).glob("*"):
+        try:
+            holder, age = json.loads(p.read_text()), time.time() - p.stat().st_mtime
+        except (OSError, ValueError):
+            continue
+        same = isinstance(holder, dict) and holder.get("host") == me["host"]
+        if not isinstance(holder, dict) or (same and not _alive(holder.get("pid"))) or (not same and age > PIN_STALE_S):
+            p.unlink(missing_ok=True)
+            continue
+        out.update(holder.get("checkpoints", []))
+    return out

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from . import digest
+from .lock import pinned
 
 __all__ = ["step_dir", "tmp_dir", "file_digests", "list_checkpoints", "verify", "verify_chain", "chain", "newest_verified",
            "commit", "resolve", "inside_checkpoint", "write_new", "mark_best", "read_best",
@@ -315,6 +316,7 @@ def commit(root, step: int, manifest: dict, keep: int, file_mode: int = FILE_MOD
         best = read_best(root)
         if best is not None:
             kept.append(best["path"])
+        kept += [Path(root) / name for name in pinned(root) if (Path(root) / name).is_dir()]
         needed = set()
         for k in kept:
             try:

@@ -109,6 +109,27 @@ def _warn(lines: list) -> None:
             print(f"hpcps: warning: {line}", file=sys.stderr, flush=True)
 
 
+def _pinned(paths: list, job):
+    """Run ``job()`` with ``paths`` pinned by world rank 0 (:func:`hpcps.checkpoint.lock.pin`): a
+    training job's pruning keeps them until the job ends. A checkpoint pruned before the pin took is
+    a ``ValueError`` saying so. Collective over ``MPI.COMM_WORLD`` (as ``job``)."""
+    from mpi4py import MPI
+
+    from ..checkpoint import store
+    from ..checkpoint.lock import pin, unpin
+    pins = []
+    try:
+        if MPI.COMM_WORLD.Get_rank() == 0:
+            pins = [pin(p.parent, p.name) for p in paths if store.list_checkpoints(p.parent)]
+            gone = [p for p in paths if not (p / store.MANIFEST).exists()]
+            if gone:
+                raise ValueError(f"{gone[0]}: pruned by a training job while this one started: run it again")
+        return job()
+    finally:
+        for p in set(pins):
+            unpin(p)
+
+
 def prepare(args):
     """Every check made before MPI communication (alike on every rank): ``(job, error)``, where
     ``job()`` runs the command collectively and returns what rank 0 prints. Local."""
@@ -125,7 +146,7 @@ def prepare(args):
             from ..core.inputs import expand_inputs
             out.check(path, expand_inputs(cfg.data.path, "--data"))
             from .job import predict
-            return (lambda: {"predict": predict(cfg, path, out, args.labels, args.part_lines)}), None
+            return (lambda: _pinned([path], lambda: {"predict": predict(cfg, path, out, args.labels, args.part_lines)})), None
         paths = _checkpoints(args)
         data = [(args.data, 0.0) if args.data else held_out(p) for p in paths]
         cfgs = [scoring_config(p, args.config, d, args.set) for p, (d, _) in zip(paths, data)]
@@ -135,7 +156,8 @@ def prepare(args):
         _warn([f"--data holds lines that {', '.join(seen)} trained on: the metrics are optimistic (without "
                "--data, evaluate scores each checkpoint's held-out split)"] if seen else [])
         from .evaluate import evaluate_checkpoint
-        return (lambda: {"evaluate": [evaluate_checkpoint(c, p, tail=t) for c, p, (_, t) in zip(cfgs, paths, data)]}), None
+        return (lambda: _pinned(paths, lambda: {"evaluate": [evaluate_checkpoint(c, p, tail=t)
+                                                             for c, p, (_, t) in zip(cfgs, paths, data)]})), None
     except (ValueError, OSError) as e:
         return None, e
 

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..checkpoint.lock import DirLock
+
 __all__ = ["Output", "FORMATS"]
 
 FORMATS = ("csv", "parquet")
@@ -43,6 +45,8 @@ class Output:
             raise ValueError(f"--out {out} with --format {fmt}: the name says {suffix[1:]}")
         self.parts_dir = self.out.parent / f".{self.out.name}.parts" if self.single else self.out
         self.plan = None
+        # one predict at a time writes an output: a second one is refused, naming the first
+        self.lock = DirLock(path=self.out.parent / f".{self.out.name}.lock", what=f"--out {self.out}")
 
     def check(self, checkpoint: Path, inputs=()) -> None:
         """Before any communication (every rank alike): ``ValueError`` when the output would go
@@ -58,6 +62,10 @@ class Output:
                                  f"the input {f}: write predictions elsewhere (--overwrite never replaces input)")
         if not self.out.parent.is_dir():
             raise ValueError(f"--out {self.out}: the directory {self.out.parent} does not exist")
+        holder = self.lock.holder()
+        if holder is not None:
+            raise ValueError(f"--out {self.out}: another predict writes it (host {holder.get('host')}, process "
+                             f"{holder.get('pid')}; {self.lock.path}): wait for it, or write elsewhere")
         if self.single and self.out.is_dir():
             raise ValueError(f"--out {self.out}: a directory, but the name asks for one file")
         if self.single and self.out.exists() and not self.overwrite:
@@ -82,6 +90,7 @@ class Output:
                              "checkpoint, input or option): use --overwrite or another --out")
         if not lead:
             return
+        self.lock.acquire()                 # released by finish; a killed predict's is stale
         if self.overwrite and self.parts_dir.exists():
             shutil.rmtree(self.parts_dir)
         self.parts_dir.mkdir(exist_ok=True)
@@ -135,6 +144,7 @@ class Output:
                      for i in range(len(rows))]
             index = {**self.plan, **summary, "parts": parts, "rows": int(np.sum(rows))}
             _write_atomic(self.out / INDEX, json.dumps(index, indent=1).encode())
+            self.lock.release()
             return
         tmp = self.out.with_name(f".{self.out.name}.tmp{os.getpid()}")
         if self.fmt == "parquet":
@@ -155,6 +165,7 @@ class Output:
                         shutil.copyfileobj(part, f, 1 << 20)
         os.replace(tmp, self.out)
         shutil.rmtree(self.parts_dir)
+        self.lock.release()
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
