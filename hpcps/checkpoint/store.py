@@ -9,6 +9,8 @@
     <dir>/latest                   name of the newest committed checkpoint
     <dir>/best                     JSON: the best-evaluated checkpoint (``checkpoint.keep_best``),
                                    never pruned
+    <dir>/PINS/<host>-<pid>        JSON: checkpoints a predict or evaluate reads, never pruned
+                                   while it lives (``lock.pin``)
 
 A checkpoint is written under ``.tmp``, every file and the directory are
 fsynced, and one ``rename`` commits it; ``latest`` moves only after that, and
