@@ -319,6 +319,8 @@ def main(argv=None) -> int:
         if e is not None:
             return _error(e)
         if MPI.COMM_WORLD.Get_rank() == 0:
+            from .train.summary import human_summary
+            print(human_summary(final, cfg), file=sys.stderr, flush=True)
             print(json.dumps({"final": final}), flush=True)
         if final.get("stopped"):
             return EXIT_CHECKPOINTED if final.get("saved") else EXIT_STOPPED

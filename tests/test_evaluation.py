@@ -90,6 +90,10 @@ def test_a_resumed_run_keeps_the_best_model_of_the_runs_before(ratings, tmp_path
     second = _final(two.stdout)
     assert second["start_step"] == 27 and second["rmse"] > first["rmse"]
     assert second["best"]["step"] == 27 and store.read_best(ck)["step"] == 27
+    # issue 51.14: a line a person reads before the JSON line
+    assert "hpcps: done: 27 steps in" in one.stderr and "eval RMSE" in one.stderr
+    assert "hpcps: done: steps 27-54 in" in two.stderr and "best evaluation at step 27" in two.stderr
+    assert f"checkpoints: {ck} (last step 54)" in two.stderr
     assert store.verify(store.step_dir(ck, 27))[0]           # kept although checkpoint.keep = 1
 
 
