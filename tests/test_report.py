@@ -105,3 +105,25 @@ def test_progress_in_a_batch_log_is_a_plain_line_every_5_percent():
     assert len(lines) == 20 and "\r" not in out.getvalue()
     assert lines[0].startswith("train: step 5/100 (5%)") and lines[-1].startswith("train: step 100/100 (100%)")
     assert lines[-1].endswith(", loss 0.5")
+
+
+def test_epochs_auto_counts_each_epoch_not_max_epochs_times_its_steps(monkeypatch):
+    """Issue 51.15: with job.epochs = "auto" the bar's denominator was max_epochs x steps (a run that
+    stopped at "15%"); now each epoch counts to its steps, named "epoch k (of at most M)"."""
+    import io
+    import sys
+    from hpcps.train import telemetry
+    out = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", out)           # not a terminal: plain lines
+    bar = telemetry.EpochBar(steps_per_epoch=40, max_epochs=50, initial=0)
+    for k in range(100):
+        bar.update(1)
+        if k == 39:
+            bar.set_postfix({"eval_auc": "0.7112"})
+    bar.close()
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("epoch 1 (of at most 50): step 2/40 (5%)")
+    assert any(x.startswith("epoch 1 (of at most 50): step 40/40 (100%)") for x in lines)
+    assert lines[-1].startswith("epoch 3 (of at most 50): step 20/40 (50%)") and lines[-1].endswith("eval_auc 0.7112")
+    resumed = telemetry.EpochBar(steps_per_epoch=40, max_epochs=50, initial=90)
+    assert resumed.epoch == 2 and resumed.bar.n == 10

@@ -61,6 +61,8 @@ def train(cfg: Config) -> dict | None:
         # busy node: across pretend hosts sharing CPUs, the PS's adds took 3x as long)
         torch.set_num_threads(1 if ctx.is_ps else
                               cfg.model.threads or max(1, ctx.node_cpus // ctx.node_comm.Get_size()))
+        if world.Get_rank() == 0 and cfg.data.format != "synthetic-ctr":     # a large input takes a while
+            logger.info("hpcps: reading %s (counting lines, then parsing)", cfg.data.path)
         data = make_data(cfg.data, j.seed, ctx.num_workers, max(ctx.worker_rank, 0), world, not ctx.is_ps,
                          raw_keys=cfg.model.dynamic_tables)
         steps = total_steps(cfg, data)

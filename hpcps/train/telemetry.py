@@ -6,7 +6,7 @@ import time
 
 from mpi4py import MPI
 
-__all__ = ["Telemetry", "LineProgress", "progress_bar", "pipeline_summary", "peak_rss", "thread_level_name", "PHASES"]
+__all__ = ["Telemetry", "LineProgress", "EpochBar", "progress_bar", "pipeline_summary", "peak_rss", "thread_level_name", "PHASES"]
 
 # per-step time of worker 0 by phase (seconds since the last record): idle = waiting in step_begin
 # for the mode's fence; pull / push = this thread waiting for its pulls / pushes (with the pipeline
@@ -67,12 +67,22 @@ class LineProgress:
     file is one long line of carriage returns, and a run shorter than its redraw interval showed
     0% and then the end). The interface of tqdm's bar that the worker uses. Local."""
 
-    def __init__(self, total: int, initial: int, every_s: float = 600.0, out=None):
-        self.total, self.n, self.every_s = total, initial, every_s
+    def __init__(self, total: int, initial: int, every_s: float = 600.0, out=None, desc: str = "train"):
+        self.total, self.n, self.every_s, self.desc = total, initial, every_s, desc
         self.out = out if out is not None else sys.stderr
         self.step_every = max(1, (total - initial) // 20)
         self.t0 = self.last_t = time.monotonic()
         self.last_n, self.first, self.post = initial, initial, {}
+
+    def reset(self, total: int) -> None:
+        """A new count to ``total`` (the next epoch of ``job.epochs = "auto"``). Local."""
+        self.close()
+        post = self.post
+        self.__init__(total, 0, self.every_s, self.out, self.desc)
+        self.post = post                     # as tqdm's reset keeps its postfix
+
+    def set_description(self, desc: str, refresh: bool = False) -> None:
+        self.desc = desc
 
     def update(self, n: int = 1) -> None:
         self.n += n
@@ -86,7 +96,7 @@ class LineProgress:
         now = time.monotonic()
         rate = (self.n - self.first) / max(now - self.t0, 1e-9)
         extra = "".join(f", {k} {v}" for k, v in self.post.items())
-        print(f"train: step {self.n}/{self.total} ({100 * self.n / max(self.total, 1):.0f}%), {rate:.1f} steps/s{extra}",
+        print(f"{self.desc}: step {self.n}/{self.total} ({100 * self.n / max(self.total, 1):.0f}%), {rate:.1f} steps/s{extra}",
               file=self.out, flush=True)
         self.last_n, self.last_t = self.n, now
 
@@ -95,12 +105,40 @@ class LineProgress:
             self._line()
 
 
-def progress_bar(total: int, initial: int):
+def progress_bar(total: int, initial: int, desc: str = "train"):
     """A tqdm bar on a terminal, else :class:`LineProgress` (a batch job's log). Local."""
     if not sys.stderr.isatty():
-        return LineProgress(total, initial)
+        return LineProgress(total, initial, desc=desc)
     from tqdm import tqdm
-    return tqdm(total=total, initial=initial, desc="train", unit="step", dynamic_ncols=True, mininterval=0.1)
+    return tqdm(total=total, initial=initial, desc=desc, unit="step", dynamic_ncols=True, mininterval=0.1)
+
+
+class EpochBar:
+    """The progress of ``job.epochs = "auto"``, whose length the evaluations decide: one count per
+    epoch (``epoch 3 (of at most 50)``), restarted at each epoch's end, over the bar of
+    :func:`progress_bar`. Local."""
+
+    def __init__(self, steps_per_epoch: int, max_epochs: int, initial: int):
+        self.spe, self.max_epochs = steps_per_epoch, max_epochs
+        self.epoch = initial // steps_per_epoch
+        self.bar = progress_bar(steps_per_epoch, initial % steps_per_epoch, self._desc())
+        self.disp = getattr(self.bar, "disp", None)          # a tqdm bar (the worker's test for one)
+
+    def _desc(self) -> str:
+        return f"epoch {self.epoch + 1} (of at most {self.max_epochs})"
+
+    def update(self, n: int = 1) -> None:
+        self.bar.update(n)
+        if self.bar.n >= self.spe:
+            self.epoch += 1
+            self.bar.reset(total=self.spe)
+            self.bar.set_description(self._desc(), refresh=False)
+
+    def set_postfix(self, post: dict, refresh: bool = False) -> None:
+        self.bar.set_postfix(post, refresh=refresh)
+
+    def close(self) -> None:
+        self.bar.close()
 
 
 def peak_rss() -> int:

@@ -41,7 +41,7 @@ from .best import Evaluations
 from .build import build_model, dense_optimizer, dense_schedule, make_lookups
 from .evaluation import evaluate, export_weights, step_loss
 from .recovery import CheckpointTrigger
-from .telemetry import Telemetry, pipeline_summary, progress_bar, thread_level_name, waits
+from .telemetry import EpochBar, Telemetry, pipeline_summary, progress_bar, thread_level_name, waits
 
 __all__ = ["Worker"]
 
@@ -107,8 +107,9 @@ class Worker:
         self.eval_post = {}                                # worker 0: the last evaluation, on the bar
         self.log = MetricsLog(cfg.metrics.path if self.lead else "", cfg.metrics.tensorboard if self.lead else "")
         self.bar = None
-        if self.lead and cfg.metrics.progress:
-            self.bar = progress_bar(steps, start)     # a tqdm bar on a terminal, plain lines in a log
+        if self.lead and cfg.metrics.progress:        # a tqdm bar on a terminal, plain lines in a log
+            self.bar = (EpochBar(data.steps_per_epoch, cfg.job.max_epochs, start) if cfg.job.epochs == AUTO_EPOCHS
+                        else progress_bar(steps, start))
         self.telemetry = Telemetry(tables, self.embs, ctx.num_ps, cfg.data.batch_size, start)
         self.draw = loader.train_batch if loader is not None else data.train_batch
         self.monitor = monitor
@@ -262,6 +263,8 @@ class Worker:
             if self.lead:
                 self.eval_post = {f"eval_{k}": f"{v:.4f}" for k, v in rec["eval"].items()
                                   if k in ("auc", "logloss", "rmse", "mae")}
+                logger.info("hpcps: evaluation after step %d: %s%s", done, ", ".join(
+                    f"{k[5:]} {v}" for k, v in self.eval_post.items()), " (the best so far)" if improved else "")
         if self.bar is not None:
             self.bar.set_postfix({**post, **self.eval_post, **(self.monitor.post if self.monitor else {})},
                                  refresh=False)
@@ -283,7 +286,7 @@ class Worker:
         step = start
         # this process's log lines above the bar, not on its line
         from tqdm.contrib.logging import logging_redirect_tqdm
-        on_bar = self.bar is not None and hasattr(self.bar, "disp")      # a tqdm bar, not LineProgress
+        on_bar = self.bar is not None and getattr(self.bar, "disp", None) is not None   # tqdm, not LineProgress
         counts.mark("first_step")
         with logging_redirect_tqdm() if on_bar else contextlib.nullcontext():
             for step in range(start, steps):
