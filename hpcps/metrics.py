@@ -2,6 +2,8 @@
 
 import json
 import math
+import os
+import sys
 import time
 from pathlib import Path
 
@@ -47,18 +49,23 @@ class MetricsLog:
 
     def __init__(self, path: str, tensorboard: str = ""):
         self._f = None
+        self.t0 = time.time()
+        # each record names its run: several runs (a resume, another data set) may append to one file
+        self.run = f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime(self.t0))}-{os.getpid()}"
         if path:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             self._f = open(path, "a", buffering=1)
+            self._f.write(json.dumps({"start": {
+                "run": self.run, "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.t0)),
+                "command": " ".join(sys.argv), "slurm_job": os.environ.get("SLURM_JOB_ID")}}) + "\n")
         self._tb = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
             self._tb = SummaryWriter(log_dir=tensorboard)
-        self.t0 = time.time()
 
     def write(self, record: dict) -> None:
         if self._f:
-            self._f.write(json.dumps({"time": round(time.time() - self.t0, 4), **record}) + "\n")
+            self._f.write(json.dumps({"time": round(time.time() - self.t0, 4), "run": self.run, **record}) + "\n")
         if self._tb is not None:
             for tag, value, step in tensorboard_scalars(record):
                 self._tb.add_scalar(tag, value, step)

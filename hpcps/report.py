@@ -40,7 +40,11 @@ def load_metrics(path) -> list[dict]:
                 rec = json.loads(line)
             except ValueError as e:
                 raise ValueError(f"{path}:{n}: not a JSON line ({e})") from None
-            if "final" in rec:
+            if "start" in rec:                     # a run's first record: the one before it ended
+                if cur["steps"] or cur["checkpoints"] or cur["monitor"]:
+                    runs.append(cur)
+                cur = {**_new_run(), "start": rec["start"]}
+            elif "final" in rec:
                 cur["final"] = rec["final"]
                 runs.append(cur)
                 cur = _new_run()
@@ -61,13 +65,14 @@ def load_metrics(path) -> list[dict]:
     for i, r in enumerate(runs):
         r["path"], r["offset"] = str(path), offset
         r["name"] = Path(path).stem + (f" run {i + 1}" if len(runs) > 1 else "")
+        r["killed"] = r["final"] is None                # no final line: killed (or still running)
         times = [s["time"] for s in r["steps"]] + [c["time"] for c in r["checkpoints"]]
         offset += max(times, default=0.0)
     return runs
 
 
 def _new_run() -> dict:
-    return {"steps": [], "checkpoints": [], "final": None, "monitor": [], "alerts": []}
+    return {"steps": [], "checkpoints": [], "final": None, "monitor": [], "alerts": [], "start": None}
 
 
 def _sources(src: Path):
@@ -90,7 +95,8 @@ def write_report(src, out) -> list[Path]:
 
     src, out = Path(src), Path(out)
     metric_files, bench_files = _sources(src)
-    runs = [r for p in metric_files for r in load_metrics(p) if r["steps"]]
+    every = [r for p in metric_files for r in load_metrics(p)]      # the summary's: a run with nothing to train too
+    runs = [r for r in every if r["steps"]]                           # the plots'
     if metric_files and not runs:
         raise ValueError(f"no step records in {', '.join(map(str, metric_files))} (set job.log_every)")
     out.mkdir(parents=True, exist_ok=True)
@@ -149,7 +155,7 @@ def write_report(src, out) -> list[Path]:
         _plot_balance(plt, save, runs, label)
         plot_monitor(plt, save, runs)
 
-    (out / "summary.md").write_text(_summary(runs, bench_files, written))
+    (out / "summary.md").write_text(_summary(every, bench_files, written))
     written.append(out / "summary.md")
     return written
 
@@ -196,7 +202,7 @@ def _plot_balance(plt, save, runs, label) -> None:
         ax.bar(ks, [counts[k] for k in ks])
         ax.set_xlabel("staleness (steps) seen by worker 0 at step begin")
         ax.set_ylabel("steps")
-        ax.set_title(label(r))
+        ax.set_title(label(r) + (" (the last run)" if len(runs) > 1 else ""))
         save(fig, "staleness.png")
     else:
         plt.close(fig)
@@ -212,17 +218,20 @@ def _plot_balance(plt, save, runs, label) -> None:
     for ax in axes:
         ax.set_xlabel("PS rank")
         ax.set_xticks(range(len(rows)))
+    fig.suptitle(f"{label(r)}: up to step {last['step']}" + (" (the last run)" if len(runs) > 1 else ""), fontsize=9)
     save(fig, "load_balance.png")
 
-    ck = [c for run in runs for c in run["checkpoints"]]
-    timings = [t for run in runs if run["final"] for t in run["final"].get("checkpoint_timings", [])]
-    if ck or timings:
+    if any(run["checkpoints"] or (run["final"] or {}).get("checkpoint_timings") for run in runs):
         fig, ax = plt.subplots(figsize=(7, 4))
-        if ck:
-            ax.plot([c["checkpoint"] for c in ck], [1e3 * c["stall_s"] for c in ck], "o-", label="stall (training paused)")
-        if timings:
-            ax.plot([t["step"] for t in timings], [1e3 * t["write_s"] for t in timings], "s--",
-                    label="request to commit (background)")
+        for i, run in enumerate(runs):            # one line a run: their steps may go back (another run)
+            ck, color = run["checkpoints"], f"C{i % 10}"
+            timings = (run["final"] or {}).get("checkpoint_timings", [])
+            if ck:
+                ax.plot([c["checkpoint"] for c in ck], [1e3 * c["stall_s"] for c in ck], "o-", color=color,
+                        label=f"{label(run)}: stall (training paused)")
+            if timings:
+                ax.plot([t["step"] for t in timings], [1e3 * t["write_s"] for t in timings], "s--", color=color,
+                        label=f"{label(run)}: request to commit (background)")
         _axes(ax, "checkpoint at step", "ms")
         save(fig, "checkpoints.png")
 
@@ -239,8 +248,14 @@ def _axes(ax, xlabel: str, ylabel: str) -> None:
 def _summary(runs, bench_files, plots) -> str:
     lines = ["# hpcps report", ""]
     for r in runs:
-        f, last = r["final"] or {}, r["steps"][-1]
+        f, last = r["final"] or {}, (r["steps"] or [{}])[-1]
         lines += [f"## {r['name']}", ""]
+        if r.get("start"):
+            lines.append(f"- started {r['start']['utc']} (run {r['start']['run']}): `{r['start']['command']}`")
+        if r["killed"]:
+            lines.append(f"- no final line: killed, or still running (last record at step {last.get('step', '-')})")
+        elif not r["steps"]:
+            lines.append(f"- nothing to train: it started at step {f.get('start_step')} of {f.get('steps')}")
         if f:
             lines.append(f"- steps {f.get('start_step', 0)} -> {f.get('steps')}, {f.get('num_ps')} PS, "
                          f"{f.get('num_workers')} workers, mode {f.get('mode')}")

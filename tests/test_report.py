@@ -38,6 +38,27 @@ def test_runs_of_a_resumed_job_are_split_and_continue_in_time(tmp_path):
     assert runs[1]["offset"] == 3.0 and len(runs[0]["checkpoints"]) == 1
 
 
+def test_runs_are_split_by_their_start_records_named_dated_and_said_killed_or_idle(tmp_path):
+    """Issue 51.16: runs of one file told apart by their start records (a run's steps need not go
+    back); a killed run said so; a run with nothing to train kept (the numbering skipped it); each
+    run's start time and command in the summary; checkpoints one line a run."""
+    start = lambda k: {"start": {"run": f"r{k}", "utc": f"2026-12-0{k}T00:00:00Z",      # noqa: E731
+                                 "command": f"hpcps train --set job.steps={40 * k}", "slurm_job": None}}
+    final = {"auc": 0.7, "logloss": 0.5, "steps": 40, "start_step": 40, "mode": "sync", "max_staleness": 0}
+    recs = [start(1), _step(10, 1.0), {"time": 1.1, "checkpoint": 10, "stall_s": 0.05}, _step(20, 2.0),
+            start(2), _step(30, 1.0), {"time": 1.1, "checkpoint": 30, "stall_s": 0.05}, _step(40, 2.0),   # killed
+            start(3), {"time": 0.5, "final": final}]                                                       # idle
+    (tmp_path / "m.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    runs = load_metrics(tmp_path / "m.jsonl")
+    assert [[s["step"] for s in r["steps"]] for r in runs] == [[10, 20], [30, 40], []]
+    assert [r["name"] for r in runs] == ["m run 1", "m run 2", "m run 3"] and [r["killed"] for r in runs] == [True, True, False]
+    write_report(tmp_path / "m.jsonl", tmp_path / "rep")
+    summary = (tmp_path / "rep" / "summary.md").read_text()
+    assert "- started 2026-12-02T00:00:00Z (run r2): `hpcps train --set job.steps=80`" in summary
+    assert "## m run 2\n\n- started" in summary and "no final line: killed, or still running (last record at step 40)" in summary
+    assert "## m run 3" in summary and "nothing to train: it started at step 40 of 40" in summary
+
+
 def test_a_sync_run_has_no_staleness_plot_and_the_breakdown_leaves_the_start_out(tmp_path):
     """Sync mode sees staleness 0 at every step (one bar at 0 said nothing); the first record of a
     run (the start: 440 ms a step) set the breakdown's scale for all the others."""

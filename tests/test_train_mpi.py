@@ -273,6 +273,9 @@ def test_train_end_to_end_metrics_and_final_line(tmp_path):
     recs = [json.loads(l) for l in metrics.read_text().splitlines()]
     steps = [x for x in recs if "step" in x]
     assert [x["step"] for x in steps] == [10, 20, 30, 40]
+    # issue 51.17: each record names its run; the first says when and how it started
+    assert recs[0]["start"]["run"] == final["run"] and "train" in recs[0]["start"]["command"]
+    assert {x["run"] for x in recs[1:]} == {final["run"]}
     for k in ("loss", "samples_per_s", "pull_ms", "push_ms", "staleness", "rows_per_ps", "time_breakdown_s"):
         assert k in steps[0], k
     assert set(steps[0]["time_breakdown_s"]) == {"data", "idle", "pull", "forward_backward", "push",

@@ -14,6 +14,9 @@ def _series(runs, key):
             t = r["offset"] + rec["time"]
             for name, item in key(rec):
                 ts, items = out.setdefault(name, ([], []))
+                if ts and r["monitor"][0] is rec:          # a new run: a gap, not a line across
+                    ts.append(float("nan"))
+                    items.append(None)
                 ts.append(t)
                 items.append(item)
     return out
@@ -27,9 +30,9 @@ def plot_monitor(plt, save, runs) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for i, (name, (t, recs)) in enumerate(hosts.items()):
         color = f"C{i % 10}"
-        axes[0].plot(t, [x["cpus_used"] for x in recs], color=color, label=name)
-        axes[1].plot(t, [x["mem_used_mb"] for x in recs], color=color, label=f"{name} in use")
-        limit = [x["mem_limit_mb"] for x in recs]
+        axes[0].plot(t, [x["cpus_used"] if x else float("nan") for x in recs], color=color, label=name)
+        axes[1].plot(t, [x["mem_used_mb"] if x else float("nan") for x in recs], color=color, label=f"{name} in use")
+        limit = [x["mem_limit_mb"] for x in recs if x]
         if limit and limit[-1]:
             axes[1].axhline(limit[-1], color=color, ls="--", lw=0.8, label=f"{name} has")
     for ax, yl in zip(axes, ("CPUs used by the job's ranks", "memory (MB)")):
@@ -38,20 +41,32 @@ def plot_monitor(plt, save, runs) -> None:
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
+    for ax in axes:
+        _mark_runs(ax, runs)
     _mark_alerts(axes[1], runs)
     save(fig, "hosts.png")
     ps = _series(runs, lambda rec: [(f"PS {p['ps']} ({rec['host']})", p) for p in rec["ps"]])
     if ps:
         fig, ax = plt.subplots(figsize=(8, 4))
         for name, (t, items) in sorted(ps.items()):
-            ax.plot(t, [100 * (x["busy"] or 0) for x in items], label=name)
+            ax.plot(t, [100 * (x["busy"] or 0) if x else float("nan") for x in items], label=name)
         ax.set_xlabel("time (s)")
         ax.set_ylabel("busy (% of the time: applying, serving, checkpoints)")
         ax.set_ylim(0, 105)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
+        _mark_runs(ax, runs)
         _mark_alerts(ax, runs)
         save(fig, "ps_busy.png")
+
+
+def _mark_runs(ax, runs) -> None:
+    """Where each run after the first starts on the time axis that continues across runs: a dashed
+    line and its name (no line joins two runs' records)."""
+    for r in runs[1:]:
+        ax.axvline(r["offset"], color="gray", ls=":", lw=0.8)
+        ax.annotate(r["name"], (r["offset"], 1),
+                    xycoords=("data", "axes fraction"), fontsize=6, va="top", rotation=90, color="gray")
 
 
 def _mark_alerts(ax, runs) -> None:

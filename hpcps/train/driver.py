@@ -113,6 +113,7 @@ def train(cfg: Config) -> dict | None:
                 summary["restore_s"] = restore_s
                 summary["restored_from"] = level
                 summary["layout"] = layout
+                summary["run"] = log.run                # the metrics records' run id
         first_worker = ctx.worker_world_ranks[0]
         is_ps = ctx.is_ps
     # memory: every rank's peak resident set against the table bytes (rows + optimizer state) its
