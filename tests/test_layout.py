@@ -100,3 +100,11 @@ def test_the_layout_line_says_a_dynamic_table_reaches_other_hosts_by_messages():
                         "workers": [{"shm_ps": [0], "rma_ps": [1]}, {"shm_ps": [1], "rma_ps": [0]}]})
     assert line == ("2 hosts (a: 2 ranks, 1 PS; b: 2 ranks, 1 PS); worker 0: PS 0 by shared memory, "
                     "PS 1 by messages; worker 1: PS 1 by shared memory, PS 0 by messages; dense all-reduce: mpi")
+
+
+def test_the_layout_line_leaves_out_a_way_no_ps_is_reached():
+    """Issue 51.18: "PS - over RMA" (one host: no PS over RMA) was unexplained."""
+    from hpcps.train.layout import layout_line
+    line = layout_line({"hosts": 1, "host_names": ["a"], "ranks_per_host": [3], "ps_per_host": [1],
+                        "dense": "shm", "workers": [{"shm_ps": [0], "rma_ps": []}, {"shm_ps": [0], "rma_ps": []}]})
+    assert line == "1 host (a: 3 ranks, 1 PS); workers 0,1: PS 0 by shared memory; dense all-reduce: shm"

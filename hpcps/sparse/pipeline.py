@@ -35,12 +35,13 @@ class CommThread:
 
     ``submit(fn, *args)`` returns a ``Future``; ``drain()`` waits for everything
     submitted so far and re-raises the first failure. ``enabled=False`` (or an
-    MPI without ``THREAD_MULTIPLE``) runs every call at ``submit`` time instead.
+    MPI without ``THREAD_MULTIPLE``, which is a warning where ``say``) runs every
+    call at ``submit`` time instead.
     """
 
-    def __init__(self, enabled: bool = True):
+    def __init__(self, enabled: bool = True, say: bool = True):
         if enabled and MPI.Query_thread() < MPI.THREAD_MULTIPLE:
-            logger.warning("hpcps: MPI runs without MPI_THREAD_MULTIPLE, so pulls and pushes run inline "
+            (logger.warning if say else logger.debug)(     # ``say``: one worker says it for the job"hpcps: MPI runs without MPI_THREAD_MULTIPLE, so pulls and pushes run inline "
                            "(no background pipeline); set job.mpi_threads = multiple (HPCPS_MPI_THREADS=multiple, "
                            "or hpcps.prepare_process('multiple')) for the communication thread (hpcps train "
                            "asks for MPI_THREAD_SERIALIZED by default)")

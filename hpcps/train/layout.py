@@ -59,8 +59,9 @@ def layout_line(layout: dict) -> str:
     for w, info in enumerate(layout["workers"]):
         groups.setdefault((tuple(info["shm_ps"]), tuple(info["rma_ps"])), []).append(w)
     over = "by messages" if layout.get("remote") == "messages" else "over RMA"
-    reads = "; ".join(f"worker{'s' * (len(ws) > 1)} {_span(ws)}: PS {_span(shm) or '-'} by shared memory, "
-                      f"PS {_span(rma) or '-'} {over}" for (shm, rma), ws in groups.items())
+    reads = "; ".join(f"worker{'s' * (len(ws) > 1)} {_span(ws)}: " + ", ".join(
+        f"PS {_span(ps)} {how}" for ps, how in ((shm, "by shared memory"), (rma, over)) if ps)
+        for (shm, rma), ws in groups.items())
     mpi = layout.get("mpi")
     lib = "" if not mpi else (f"; MPI: {mpi['library']} {mpi['version']}, windows {mpi['windows']}"
                               + "".join(f", {k}={mpi[k]}" for k in ("OMPI_MCA_osc",) if k in mpi))

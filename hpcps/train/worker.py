@@ -74,7 +74,7 @@ class Worker:
         pl = cfg.pipeline
         self.kind, self.bound = parse_mode(ctx.mode)
         self.pipe = pipe or {"prefetch": False, "background_push": False}
-        self.comm_thread = CommThread(enabled=self.pipe["background_push"])
+        self.comm_thread = CommThread(enabled=self.pipe["background_push"], say=ctx.worker_rank == 0)
         # cache_rows is per feature table: a table-batched table caches that many rows per segment
         caches = [RowCache(pl.cache_rows * len(t.logical), t.dim, pl.cache_staleness)
                   if pl.cache_rows else None for t in tables]
