@@ -46,7 +46,7 @@ def torch_scoring(ckpt: Path, export: Path, data: Path) -> dict:
     from hpcps.predict.serving import torch_model, torch_scores
     man = read_manifest(ckpt)
     cfg = load_config(None, [f"data.path={data}", *SCORING], base=man["config"])
-    files = index_inputs(cfg.data)
+    files = index_inputs(cfg.data, trained=man["layout"])
     lay, _ = input_layout(cfg.data, files, "auto", man["layout"])
     model = torch_model(cfg, Shape(lay), dict(np.load(export)))
     torch.set_num_threads(1)

@@ -62,7 +62,7 @@ def _expected(d, sets, data):
     """Single-process PyTorch on the exported (best) model, reading ``data`` as predict does."""
     path = resolve_checkpoint(str(d / "ck" / "best"))
     cfg = load_config(None, [*sets, f"data.path={data}"])
-    files = index_inputs(cfg.data)
+    files = index_inputs(cfg.data, trained=read_manifest(path)["layout"])
     model = None
     lines, scores, labels = [], [], []
     start = 0
@@ -240,6 +240,24 @@ def test_serving_export_scores_as_predict_with_torch_numpy_and_h5py(trained, tmp
                             str(out), str(data), "--batch", "100"], capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stderr
         np.testing.assert_allclose([float(x) for x in r.stdout.split()], want, rtol=1e-5, atol=1e-7)
+    # issue 51.6: predict's rule. A column missing: refused, naming it (it scored the header as data,
+    # columns shifted); .bz2 read; --batch 0 refused; one line each, exit 2
+    import bz2
+    text = gzip.decompress((d / "inputs" / "part-0.csv.gz").read_bytes()).decode()
+    (tmp_path / "no_w.csv").write_text("".join(",".join(x.split(",")[:4] + x.split(",")[5:]) + "\n"
+                                               for x in text.splitlines()))
+    (tmp_path / "in.csv.bz2").write_bytes(bz2.compress(text.encode()))
+    _, want, _ = _expected(d, sets, d / "inputs" / "part-0.csv.gz")
+    for args, message in [(["no_w.csv"], "its header has no column w"), (["in.csv.bz2"], None),
+                          (["in.csv.bz2", "--batch", "0"], "--batch 0: must be >= 1")]:
+        r = subprocess.run([sys.executable, "-I", str(tmp_path / "serve.py"), str(ROOT / "examples" / "serve.py"),
+                            str(out), str(tmp_path / args[0]), *args[1:]], capture_output=True, text=True, timeout=120)
+        if message is None:
+            assert r.returncode == 0, r.stderr
+            np.testing.assert_allclose([float(x) for x in r.stdout.split()], want, rtol=1e-5, atol=1e-7)
+        else:
+            assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+            assert message in r.stderr and "Traceback" not in r.stderr
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "x").write_text("keep")
     r = subprocess.run([sys.executable, "-m", "hpcps", "ckpt", "export", str(best), "--format", "serving",
@@ -358,6 +376,38 @@ def test_torchscript_hashing_is_the_readers(fmt):
     cats = [[x.split(lay.delimiter)[c] for x in lines] for c in lay.categorical]
     got = module.ids(cats)
     assert all(np.array_equal(g.numpy(), keys[:, t]) for t, g in enumerate(got))
+
+
+def test_torchscript_refuses_what_predict_refuses_naming_the_column():
+    """Issue 51.6: the TorchScript module took NaN/inf dense values, non-hex and 20-digit Criteo
+    values that predict refuses; its shape errors were raw torch messages. One rule: the readers'."""
+    from hpcps.data.columns import _check_line, criteo_layout
+    from hpcps.data.hashing import column_key
+    from hpcps.predict.torchscript import RawColumns, _s64
+    lay = criteo_layout(1000)
+    ck = [_s64(int(column_key(k))) for k in range(26)]
+    module = torch.jit.script(RawColumns(_Sum(), "hex", ck, 1000, True, [lay.names[c] for c in lay.categorical],
+                                         [lay.names[c] for c in lay.dense]))
+    good = ["1"] + ["3"] * 13 + ["68fd1e64"] * 26
+    dense, cats = torch.full((1, 13), 3.0), [[v] for v in good[14:]]
+    module(dense, cats)                                                         # a good line scores
+    for col, value, where in [(15, "zz", "categorical column C2 is not a hex value"),
+                              (16, "1" * 20, "categorical column C3 is not a hex value")]:
+        line = list(good)
+        line[col] = value
+        assert _check_line(line, lay) is not None                               # predict refuses the line
+        with pytest.raises(Exception, match=where):
+            module(dense, [[v] for v in line[14:]])
+    for value in (float("nan"), float("inf"), 1e39):
+        assert _check_line(["1"] + [str(value)] * 13 + good[14:], lay) is not None
+        with pytest.raises(Exception, match="dense column I1 is not a finite number"):
+            module(torch.full((1, 13), value, dtype=torch.float64), cats)
+    with pytest.raises(Exception, match=r"dense: expected a \(n, 13\) tensor"):
+        module(torch.zeros(1, 12), cats)
+    with pytest.raises(Exception, match="categorical: expected 26 lists"):
+        module(dense, cats[:-1])
+    with pytest.raises(Exception, match="categorical column C1: 2 values where"):
+        module(dense, [["1", "2"]] + cats[1:])
 
 
 def test_ratings_example_trains_then_predict_and_evaluate_by_the_checkpoints_own_ids(tmp_path):
@@ -479,3 +529,29 @@ def test_mismatched_inputs_name_the_cause(trained, tmp_path, capsys):
     assert main(["ckpt", "export", str(last), "--out", str(tmp_path / "e.h5")]) == 2
     assert f"does not verify: {last.name}: ps-00000.h5 has 1000 bytes" in capsys.readouterr().err
     assert not (tmp_path / "e.h5").exists()
+
+
+def test_predict_reads_a_header_in_another_order_and_lines_without_a_header(trained, tmp_path):
+    """Issue 51.6: predict refused a header naming the training columns in another order, and
+    headerless lines of training's columns (serve.py scored both right). One rule now: by name
+    where there is a header, else training's columns in training's order (the label may be left out)."""
+    from hpcps.cli import _parser
+    from hpcps.predict.cli import prepare
+    d, sets = trained
+    lines = gzip.decompress((d / "inputs" / "part-0.csv.gz").read_bytes()).decode().splitlines()
+    order = [0, 1, 4, 3, 2, 5]                                    # u and w swapped
+    (tmp_path / "swapped.csv").write_text("".join(",".join(x.split(",")[i] for i in order) + "\n" for x in lines))
+    (tmp_path / "bare.csv").write_text("".join(x + "\n" for x in lines[1:]))
+    (tmp_path / "bare_unlabelled.csv").write_text("".join(",".join(x.split(",")[:1] + x.split(",")[2:]) + "\n"
+                                                          for x in lines[1:]))
+    (tmp_path / "bare_short.csv").write_text("".join(",".join(x.split(",")[:4]) + "\n" for x in lines[1:]))
+    _, want, _ = _expected(d, sets, d / "inputs" / "part-0.csv.gz")
+    for name in ("swapped.csv", "bare.csv", "bare_unlabelled.csv"):
+        _, got, _ = _expected(d, sets, tmp_path / name)
+        np.testing.assert_array_equal(got, want)
+        job, error = prepare(_parser().parse_args(["predict", "--checkpoint", str(d / "ck" / "best"), "--data",
+                                                   str(tmp_path / name), "--out", str(tmp_path / "s.csv")]))
+        assert error is None and job is not None
+    job, error = prepare(_parser().parse_args(["predict", "--checkpoint", str(d / "ck" / "best"), "--data",
+                                               str(tmp_path / "bare_short.csv"), "--out", str(tmp_path / "s.csv")]))
+    assert job is None and "no header line, and 4 fields a line where training read 6" in str(error)

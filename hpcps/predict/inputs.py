@@ -91,11 +91,23 @@ def scoring_config(path: Path, config: str | None, data: str, sets=()):
     return cfg
 
 
-def index_inputs(d, comm=None) -> list:
-    """Every input file's index (line counts), the files shared out over ``comm``'s ranks.
-    Collective over ``comm`` where given, else local."""
+def scoring_header(d, trained: dict | None = None):
+    """``is_header(first line)`` of input to score: ``data.header`` as training read it, but with
+    ``auto`` and the training input's column names (a checkpoint's ``layout``), a header is a line
+    naming one of them (a line of values with no number is no header then). Local."""
+    if d.format == "ratings":
+        return ratings_header(d)
+    names = set((trained or {}).get("names") or [])
+    if d.format != "csv" or d.header != "auto" or not names:
+        return header_rule(d)
+    return lambda line: bool(names & {f.strip() for f in line.split(d.delimiter)})
+
+
+def index_inputs(d, comm=None, trained: dict | None = None) -> list:
+    """Every input file's index (line counts), the files shared out over ``comm``'s ranks; headers
+    by :func:`scoring_header`. Collective over ``comm`` where given, else local."""
     paths = [str(p) for p in expand_inputs(d.path, "--data")]
-    return _index_all(paths, ratings_header(d) if d.format == "ratings" else header_rule(d), comm)
+    return _index_all(paths, scoring_header(d, trained), comm)
 
 
 def layout_of(d, files: list, labelled: str, manifest: dict, path) -> tuple:
@@ -112,7 +124,8 @@ def peek_columns(cfg, path, labelled: str = "auto") -> None:
     from ..core.inputs import open_binary
     from ..data.textfiles import FileIndex
     first = str(expand_inputs(cfg.data.path, "--data")[0])
-    rule = ratings_header(cfg.data) if cfg.data.format == "ratings" else header_rule(cfg.data)
+    manifest = store.read_manifest(path)
+    rule = scoring_header(cfg.data, manifest.get("layout"))
     try:
         f, compressed = open_binary(first)
     except OSError as e:
@@ -123,7 +136,6 @@ def peek_columns(cfg, path, labelled: str = "auto") -> None:
     if not (lines[1] if header is not None else lines[0]):
         _some_data_line(cfg.data.path, rule)
     fi = FileIndex(first, compressed, header, 1, 0, first=lines[1] if header is not None else lines[0])
-    manifest = store.read_manifest(path)
     lay, _ = layout_of(cfg.data, [fi], labelled, manifest, path)
     check_tables(cfg, Shape(lay), manifest, path)
 
@@ -157,6 +169,8 @@ def input_layout(d, files: list, labelled: str = "auto", trained: dict | None = 
     checkpoints) the input is taken to have training's columns, less the label. Local."""
     first = files[0]
     header = first.header.split(d.delimiter) if first.header is not None else None
+    if header is None and d.format == "csv" and trained and _by_name(d):
+        return _headerless(d, first, labelled, trained)
     missing = header is not None and d.format == "csv" and str(d.label) not in [h.strip() for h in header]
     no_label = labelled == "no" or (labelled == "auto" and missing and not str(d.label).isdigit())
     if labelled == "yes" and missing:
@@ -171,11 +185,50 @@ def input_layout(d, files: list, labelled: str = "auto", trained: dict | None = 
         lay = resolve_layout(d, None, ncols, first.path)
     else:
         lay = _layout(d, files)
+    if header is not None and trained:
+        lay = _in_training_order(lay, trained)
     keys = list(lay.categorical)
     if no_label:
         lay = _without(lay, lay.label)
     lay.key_columns = _key_columns(lay, trained) if trained else keys
     return lay, _id_column(d, lay)
+
+
+def _by_name(d) -> bool:
+    """Whether the config names its label or columns by header names (not 0-based numbers). Local."""
+    return any(isinstance(x, str) and x and not x.isdigit() and x != "rest"
+               for x in [str(d.label), *d.categorical, *d.dense, *d.drop])
+
+
+def _headerless(d, first, labelled: str, trained: dict) -> tuple:
+    """Lines without a header, for a model trained on a file with one: the training input's columns
+    in its order (with or without the label). ``ValueError`` when the lines' fields do not count up
+    to that. Local."""
+    base = Layout(**trained)
+    n = len((first.first or "").split(d.delimiter))
+    if n == base.ncols and labelled != "no":
+        lay = base
+    elif n == base.ncols - 1 and base.label >= 0 and labelled != "yes":
+        lay = _without(base, base.label)
+    else:
+        raise ValueError(f"{first.path}: no header line, and {n} fields a line where training read {base.ncols} "
+                         f"({', '.join(base.names[:8])}{', ...' if base.ncols > 8 else ''}): give the lines a header "
+                         f"naming their columns, or training's columns in training's order (the label may be left out)")
+    lay.key_columns = list(base.categorical)
+    return lay, _id_column(d, lay)
+
+
+def _in_training_order(lay: Layout, trained: dict) -> Layout:
+    """A header's columns in another order than training's: the categorical and dense columns
+    taken in training's order by name, so the tables are the checkpoint's. Unchanged where the names
+    differ (:func:`check_tables` names the difference). Local."""
+    tn = trained.get("names") or []
+    cat, dense = [tn[c] for c in trained.get("categorical", [])], [tn[c] for c in trained.get("dense", [])]
+    have = [lay.names[c] for c in lay.categorical], [lay.names[c] for c in lay.dense]
+    if sorted(have[0]) != sorted(cat) or sorted(have[1]) != sorted(dense):
+        return lay
+    return dataclasses.replace(lay, categorical=[lay.names.index(n) for n in cat],
+                               dense=[lay.names.index(n) for n in dense])
 
 
 def _key_columns(lay: Layout, trained: dict) -> list:

@@ -58,7 +58,7 @@ def scoring_job(cfg, path, labelled: str, work):
     with init(num_ps=j.num_ps, transport=j.transport, mode="async", wait=wait, rma_read=j.rma_read,
               progress_timeout=j.progress_timeout, ps_layout=j.ps_layout, deterministic=False) as ctx:
         torch.set_num_threads(1 if ctx.is_ps else max(1, ctx.node_cpus // ctx.node_comm.Get_size()))
-        files = index_inputs(cfg.data, world)
+        files = index_inputs(cfg.data, world, manifest.get("layout"))
         lay, id_col = layout_of(cfg.data, files, labelled, manifest, path)
         shape = Shape(lay)
         check_tables(cfg, shape, manifest, path)                   # alike on every rank

@@ -42,6 +42,9 @@ class ServedDense(RawColumns):
 
     tables: List[str]
     table_columns: List[int]
+    column_keys: List[int]              # RawColumns' (TorchScript reads a class's own annotations)
+    categorical_names: List[str]
+    dense_names: List[str]
 
     def __init__(self, model, tables: List[str], table_columns: List[int], *hashing_args):
         super().__init__(model, *hashing_args)
@@ -50,6 +53,7 @@ class ServedDense(RawColumns):
     def forward(self, dense: torch.Tensor, rows: List[torch.Tensor]) -> torch.Tensor:
         if len(rows) != len(self.tables):
             raise ValueError("expected one (n, dim) tensor of rows per table (model.tables)")
+        self.check_dense(dense)
         x = dense.to(torch.float32)
         if self.dense_log:
             x = torch.log1p(torch.clamp(x, min=0.0))

@@ -94,8 +94,50 @@ class RawColumns(torch.nn.Module):
         self.wrap = (_U64 % rows) if rows else 0              # 2^64 mod rows: a negative int64's correction
         self.categorical_names, self.dense_names = categorical_names, dense_names
 
+    def _bad_value(self, values: List[str], k: int, codes: torch.Tensor, lens: torch.Tensor) -> None:
+        """Raise ``ValueError`` naming column ``k`` and its first value the readers refuse: hex (Criteo)
+        1-16 hex digits or empty; raw decimal ids of at most 19 digits, below the table's rows."""
+        on = torch.arange(codes.shape[1]).unsqueeze(0) < lens.unsqueeze(1)
+        if self.keys == "hex":
+            digit = ((codes >= 48) & (codes <= 57)) | ((codes >= 65) & (codes <= 70)) | ((codes >= 97) & (codes <= 102))
+            bad = (on & ~digit).any(1) | (lens > 16)
+            need = "a hex value of at most 64 bits (1-16 hex digits)"
+        elif self.keys == "raw":
+            bad = (on & ((codes < 48) | (codes > 57))).any(1) | (lens > 19) | (lens == 0)
+            need = "a decimal id of at most 19 digits" + ("" if self.rows == 0 else " below " + str(self.rows))
+        else:
+            return
+        if bool(bad.any()):
+            i = int(torch.nonzero(bad)[0, 0])
+            raise ValueError("categorical column " + self.categorical_names[k] + " is not " + need + ": '"
+                             + values[i][:40] + "' (value " + str(i) + ")")
+
+    @torch.jit.export
+    def check_dense(self, dense: torch.Tensor) -> None:
+        """The rule predict reads dense fields by: ``dense`` (n, len(dense_names)) of finite values
+        of at most 3e38 (a float32); ``ValueError`` naming the column otherwise."""
+        if dense.dim() != 2 or dense.shape[1] != len(self.dense_names):
+            raise ValueError("dense: expected a (n, " + str(len(self.dense_names)) + ") tensor, one column per "
+                             "model.dense_names, got shape " + str(list(dense.shape)))
+        big = ~(torch.abs(dense.to(torch.float64)) <= 3e38)          # also true for NaN
+        if bool(big.any()):
+            at = torch.nonzero(big)[0]
+            raise ValueError("dense column " + self.dense_names[int(at[1])] + " is not a finite number of at most "
+                             "3e38: " + str(float(dense[int(at[0]), int(at[1])])) + " (row " + str(int(at[0])) + ")")
+
+    def _check_lists(self, categorical: List[List[str]], n: int) -> None:
+        """One list of ``n`` values per categorical column; ``ValueError`` naming what is off."""
+        if len(categorical) != len(self.column_keys):
+            raise ValueError("categorical: expected " + str(len(self.column_keys)) + " lists of values, one per "
+                             "model.categorical_names, got " + str(len(categorical)))
+        for k in range(len(categorical)):
+            if len(categorical[k]) != n:
+                raise ValueError("categorical column " + self.categorical_names[k] + ": " + str(len(categorical[k]))
+                                 + " values where the first column has " + str(n) + " (or dense " + str(n) + " rows)")
+
     def _column(self, values: List[str], k: int) -> torch.Tensor:
         codes, lens = _codes(values)
+        self._bad_value(values, k, codes, lens)
         v = torch.zeros(len(values), dtype=torch.int64)
         for j in range(codes.shape[1]):
             c = codes[:, j]
@@ -112,18 +154,24 @@ class RawColumns(torch.nn.Module):
         elif self.keys == "hex":
             v = _splitmix(torch.where(lens == 0, torch.full_like(v, 0xFFFFFFFFFFFF), v) ^ self.column_keys[k])
         if self.keys == "raw":
+            if self.rows != 0 and bool((v >= self.rows).any()):
+                i = int(torch.nonzero(v >= self.rows)[0, 0])
+                raise ValueError("categorical column " + self.categorical_names[k] + " is not a decimal id below "
+                                 + str(self.rows) + ": '" + values[i][:40] + "' (value " + str(i) + ")")
             return v
         r = torch.remainder(v, self.rows)
         return torch.where(v < 0, torch.remainder(r + self.wrap, self.rows), r)
 
     @torch.jit.export
     def ids(self, categorical: List[List[str]]) -> List[torch.Tensor]:
-        """The row id of each value, a tensor per categorical column."""
+        """The row id of each value, a tensor per categorical column (values the readers refuse:
+        ``ValueError`` naming the column and the value)."""
+        self._check_lists(categorical, len(categorical[0]) if len(categorical) > 0 else 0)
         return [self._column(categorical[k], k) for k in range(len(categorical))]
 
     def forward(self, dense: torch.Tensor, categorical: List[List[str]]) -> torch.Tensor:
-        if len(categorical) != len(self.column_keys):
-            raise ValueError("expected one list of values per categorical column (model.categorical_names)")
+        self.check_dense(dense)
+        self._check_lists(categorical, dense.shape[0])
         x = dense.to(torch.float32)
         if self.dense_log:
             x = torch.log1p(torch.clamp(x, min=0.0))
