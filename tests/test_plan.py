@@ -153,3 +153,31 @@ def test_costs_are_timed_for_the_config(tmp_path):
     c = measure(load_config(ROOT / "tests" / "configs" / "tiny_ctr.toml", [], environ={}))
     assert all(v > 0 and np.isfinite(v) for v in c.to_dict().values())
     assert c.dense_s_per_sample < 1e-3 and c.apply_s_per_row < 1e-4 and c.draw_s_per_sample < 1e-3
+
+
+def test_costs_are_timed_on_one_thread_until_stable_and_a_busy_machine_is_warned_of(tmp_path, capsys, monkeypatch):
+    """Issue 52: the apply was timed with all of torch's threads (14.7 us a row against 0.6 us on one,
+    so the layout swung 7x on a busy login node). Now one thread, repeated until the fastest is stable,
+    the spread reported, and a warning when it is large."""
+    import torch
+    from hpcps.cli import main
+    from hpcps.plan import costs as costs_mod
+    seen = []
+    monkeypatch.setattr(costs_mod, "_hdf5", lambda: (seen.append(torch.get_num_threads()), (1e9, 2e9))[1])
+    monkeypatch.setattr(costs_mod, "_gather", lambda dim: (seen.append(torch.get_num_threads()), 1e-10)[1])
+    monkeypatch.setattr(costs_mod, "_dense", lambda cfg, b: 1e-5)
+    monkeypatch.setattr(costs_mod, "_draw", lambda cfg: 1e-6)
+    slow = iter([0.001] + [0.003] * 40)             # one fast call, then a busy machine: timed on, to 40 calls
+    monkeypatch.setattr(costs_mod, "_apply", lambda cfg, dim: costs_mod._best(lambda: time_sleep(next(slow))))
+    got = costs_mod.measure(load_config(ROOT / "tests" / "configs" / "tiny_ctr.toml", [], environ={}))
+    assert set(seen) == {1} and 0.001 <= got.apply_s_per_row < 0.002 and got.spread > 0.25
+    monkeypatch.setattr(costs_mod, "measure", lambda cfg: got)
+    assert main(["plan", "--config", str(ROOT / "tests" / "configs" / "tiny_ctr.toml"), "--nodes", "2"]) == 0
+    out = capsys.readouterr()
+    assert "the timings spread by up to" in out.err and "timings spread" in out.out
+    assert json.loads(out.out.splitlines()[-1])["plan"]["costs"]["spread"] == got.spread
+
+
+def time_sleep(s):
+    import time
+    time.sleep(s)

@@ -6,6 +6,8 @@ import sys
 
 __all__ = ["add_parser", "run"]
 
+SPREAD_WARN = 0.25      # a timing's median 25% over its fastest: a busy machine
+
 
 def add_parser(sub) -> None:
     """The ``plan`` subcommand's arguments. Local."""
@@ -63,7 +65,7 @@ def _load_costs(path: str, Costs):
         raise ValueError(f"--costs {path}: not a file of hpcps plan --save-costs ({e})") from None
     for key, value in costs.to_dict().items():
         if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0 or (
-                value == 0 and key != "draw_s_per_sample"):
+                value == 0 and key not in ("draw_s_per_sample", "spread")):
             raise ValueError(f"--costs {path}: {key} = {value!r}: must be a number > 0")
     return costs
 
@@ -79,6 +81,10 @@ def run(args, cfg) -> int:
         costs = _load_costs(args.costs, Costs)
     else:
         costs = measure(cfg)
+        if costs.spread > SPREAD_WARN:
+            print(f"hpcps: warning: plan: the timings spread by up to {costs.spread:.0%} (median over fastest): "
+                  "this machine is busy, and the layout may differ run to run; time on a quiet node (--save-costs) "
+                  "and plan with --costs", file=sys.stderr)
     if args.save_costs:
         with open(args.save_costs, "w") as f:
             json.dump(costs.to_dict(), f, indent=1)
@@ -88,6 +94,11 @@ def run(args, cfg) -> int:
     print(f"workload: {describe(w)}")
     print(f"cluster: {cl.nodes} nodes x {cl.cpus_per_node} cores, {_gb(cl.mem_per_node)}, {cl.ranks} ranks; "
           f"{cl.net_gbps:g} Gb/s links, {cl.latency_s * 1e6:g} us; filesystem {cl.fs_gbps:g} GB/s")
+    print(f"costs (one CPU{', from ' + args.costs if args.costs else ', timed here'}): gather "
+          f"{costs.gather_s_per_byte * 1e9:.3f} ns a byte, apply {costs.apply_s_per_row * 1e6:.3f} us a row, dense "
+          f"{costs.dense_s_per_sample * 1e3:.3f} ms a sample, draw {costs.draw_s_per_sample * 1e6:.2f} us a sample, "
+          f"HDF5 write {costs.write_bytes_s / 1e9:.2f} / read {costs.read_bytes_s / 1e9:.2f} GB/s; timings spread "
+          f"{costs.spread:.0%}")
     out = {"nodes": cl.nodes, "ranks": cl.ranks, "costs": costs.to_dict()}
     if best is None:
         need = fewest["node_bytes"]

@@ -21,18 +21,27 @@ class Costs:
     #                              config's batch (at most 1024)
     draw_s_per_sample: float = 0.0   # drawing a training batch from the data source, one thread (a worker
     #                              without a loader process draws its own, in the step)
+    spread: float = 0.0          # the largest (median / fastest - 1) of the timings: how busy the machine was
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def _best(fn, repeat: int = 5) -> float:
-    """The fastest of ``repeat`` timed calls (the least disturbed by a busy machine)."""
-    out = []
-    for _ in range(repeat):
+SPREADS: list = []     # (median / fastest - 1) of each timing of the running measure()
+
+
+def _best(fn, repeat: int = 5, most: int = 40, stable: float = 0.05) -> float:
+    """The fastest of at least ``repeat`` timed calls (the least disturbed by a busy machine), more
+    until the fastest of the later half is within ``stable`` of the fastest overall (at most
+    ``most`` calls, or 10 s); the spread (median / fastest - 1) goes to :data:`SPREADS`."""
+    out, t_end = [], time.perf_counter() + 10.0
+    while len(out) < most:
         t = time.perf_counter()
         fn()
         out.append(time.perf_counter() - t)
+        if len(out) >= repeat and (min(out[len(out) // 2:]) <= (1 + stable) * min(out) or time.perf_counter() > t_end):
+            break
+    SPREADS.append(float(np.median(out)) / min(out) - 1)
     return min(out)
 
 
@@ -114,9 +123,19 @@ def _draw(cfg) -> float:
 
 
 def measure(cfg) -> Costs:
-    """Time the costs for ``cfg`` (its optimizer, dim and model) here: ~5-20 s. Local."""
+    """Time the costs for ``cfg`` (its optimizer, dim and model) here, on one thread as the help
+    says (torch's threads would time this machine's cores, not one): ~5-30 s. ``spread``: the
+    largest timing's median over its fastest, less 1. Local."""
+    import torch
     dim = cfg.model.dim
-    write, read = _hdf5()
-    # the dense part at the config's batch, up to 1024 (a worker's share; per sample, larger batches cost less)
-    return Costs(_gather(dim), _apply(cfg, dim), write, read, _dense(cfg, max(16, min(cfg.data.batch_size, 1024))),
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    SPREADS.clear()
+    try:
+        write, read = _hdf5()
+        # the dense part at the config's batch, up to 1024 (a worker's share; per sample, larger batches cost less)
+        timed = (_gather(dim), _apply(cfg, dim), write, read, _dense(cfg, max(16, min(cfg.data.batch_size, 1024))),
                  _draw(cfg))
+    finally:
+        torch.set_num_threads(threads)
+    return Costs(*timed, spread=round(max(SPREADS, default=0.0), 3))
