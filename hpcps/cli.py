@@ -209,68 +209,125 @@ def _check_export_out(args) -> None:
         raise ValueError(f"--out {out}: the directory {out.parent} does not exist")
 
 
+def _ckpt(args) -> int:
+    """``hpcps ckpt ...``: local, no MPI."""
+    from .checkpoint import tools
+    if args.ckpt_command == "ls":
+        return tools.ls(args.dir, args.local_dir)
+    if args.ckpt_command == "verify":
+        return tools.verify_cmd(args.path, args.deep, args.max_abs)
+    if args.ckpt_command == "inspect":
+        return tools.inspect(args.path)
+    _check_export_out(args)
+    if args.format == "torchscript":
+        from .predict.torchscript import export_torchscript
+        path = export_torchscript(tools.pick(args.path), args.out)
+        print(f"wrote {path}: torch.jit.load(it)(dense, categorical) gives probabilities")
+        return 0
+    if args.format == "serving":
+        from .predict.serving_export import export_serving
+        path = export_serving(tools.pick(args.path), args.out)
+        print(f"wrote {path}/dense.pt, tables.h5 and serving.json: examples/serve.py serves them")
+        return 0
+    return tools.export(args.path, args.out, args.format)
+
+
+def _bench(args) -> int:
+    script = SCRIPTS / f"bench_{args.name}.py"
+    if not script.is_file():
+        raise ValueError(f"{script} not found: `hpcps bench` runs the benchmark scripts of a source "
+                         "checkout (install it with `pip install -e .` or use scripts/run setup)")
+    import subprocess
+    return subprocess.run([sys.executable, str(script), *args.args]).returncode
+
+
+def _report(args) -> int:
+    from .report import write_report
+    for path in write_report(args.src, args.out):
+        print(path)
+    return 0
+
+
+def _baseline(args) -> int:
+    from .baseline import run_baseline
+    from .config import load_config
+    _setup_logging(args.log_level, mpi=False)            # its progress
+    if not args.c > 0:
+        raise ValueError(f"--c {args.c}: must be > 0")
+    print(json.dumps({"baseline": run_baseline(load_config(args.config, args.set), args.c)}))
+    return 0
+
+
+def _plan_or_tune(args) -> int:
+    from .config import load_config
+    from .plan.cli import run as run_plan
+    from .tune.cli import run as run_tune
+    _setup_logging(args.log_level, mpi=False)
+    return run_plan(args, load_config(args.config, args.set)) if args.command == "plan" else run_tune(args)
+
+
+LOCAL = {"ckpt": _ckpt, "bench": _bench, "report": _report, "baseline": _baseline, "plan": _plan_or_tune,
+         "tune": _plan_or_tune}        # the commands that run in one process, without MPI
+
+
+def _demo(args, cfg) -> int:
+    from mpi4py import MPI
+    from .demo import run_demo
+    for name in ("rows", "dim", "batch", "steps"):
+        if getattr(args, name) < 1:
+            _parser().error(f"--{name} must be >= 1")
+    if args.zipf != 0 and not args.zipf > 1:
+        _parser().error(f"--zipf must be > 1, or 0 for uniform ids, got {args.zipf}")
+    summary, e = _run_collective(run_demo, args.rows, args.dim, args.batch, args.steps, args.num_ps,
+                                 args.transport, args.seed, args.zipf)
+    if e is not None:
+        return _error(e)
+    ok = MPI.COMM_WORLD.allreduce(summary is None or summary["verified"], op=MPI.LAND)
+    if summary is not None:
+        print(json.dumps({"demo": summary}), flush=True)
+    return 0 if ok else 1
+
+
+def _score(args, cfg) -> int:
+    from mpi4py import MPI
+    from .predict import cli as predict_cli
+    job, bad = predict_cli.prepare(args)
+    if bad is not None:
+        return _error(bad)
+    result, e = _run_collective(job)
+    if e is not None:
+        return _error(e)
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        predict_cli.run(result)
+    return 0
+
+
+def _train(args, cfg) -> int:
+    from mpi4py import MPI
+    from .stopping import EXIT_CHECKPOINTED, EXIT_STOPPED
+    from .train import train
+    final, e = _run_collective(train, cfg)
+    if e is not None:
+        return _error(e)
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        from .train.summary import human_summary
+        print(human_summary(final, cfg), file=sys.stderr, flush=True)
+        print(json.dumps({"final": final}), flush=True)
+    if final.get("stopped"):
+        return EXIT_CHECKPOINTED if final.get("saved") else EXIT_STOPPED
+    return 0
+
+
+COLLECTIVE = {"demo": _demo, "predict": _score, "evaluate": _score, "train": _train}   # under mpiexec
+
+
 def main(argv=None) -> int:
+    """``hpcps``'s entry point: the local commands in this process; the others collective over
+    ``MPI.COMM_WORLD`` (an error alike on every rank is one line, exit 2)."""
     args = _parser().parse_args(argv)
-    if args.command == "ckpt":
-        from .checkpoint import tools
+    if args.command in LOCAL:
         try:
-            if args.ckpt_command == "ls":
-                return tools.ls(args.dir, args.local_dir)
-            if args.ckpt_command == "verify":
-                return tools.verify_cmd(args.path, args.deep, args.max_abs)
-            if args.ckpt_command == "inspect":
-                return tools.inspect(args.path)
-            _check_export_out(args)
-            if args.format == "torchscript":
-                from .predict.torchscript import export_torchscript
-                path = export_torchscript(tools.pick(args.path), args.out)
-                print(f"wrote {path}: torch.jit.load(it)(dense, categorical) gives probabilities")
-                return 0
-            if args.format == "serving":
-                from .predict.serving_export import export_serving
-                path = export_serving(tools.pick(args.path), args.out)
-                print(f"wrote {path}/dense.pt, tables.h5 and serving.json: examples/serve.py serves them")
-                return 0
-            return tools.export(args.path, args.out, args.format)
-        except (ValueError, OSError) as e:
-            print(f"hpcps: error: {e}", file=sys.stderr)
-            return 2
-    if args.command == "bench":
-        script = SCRIPTS / f"bench_{args.name}.py"
-        if not script.is_file():
-            print(f"hpcps: error: {script} not found: `hpcps bench` runs the benchmark scripts of a source "
-                  "checkout (install it with `pip install -e .` or use scripts/run setup)", file=sys.stderr)
-            return 2
-        import subprocess
-        return subprocess.run([sys.executable, str(script), *args.args]).returncode
-    if args.command == "report":
-        from .report import write_report
-        try:
-            for path in write_report(args.src, args.out):
-                print(path)
-        except (ValueError, OSError) as e:
-            print(f"hpcps: error: {e}", file=sys.stderr)
-            return 2
-        return 0
-    if args.command == "baseline":
-        from .baseline import run_baseline
-        from .config import load_config
-        _setup_logging(args.log_level, mpi=False)            # its progress
-        try:
-            if not args.c > 0:
-                raise ValueError(f"--c {args.c}: must be > 0")
-            print(json.dumps({"baseline": run_baseline(load_config(args.config, args.set), args.c)}))
-        except (ValueError, OSError) as e:
-            print(f"hpcps: error: {e}", file=sys.stderr)
-            return 2
-        return 0
-    if args.command in ("plan", "tune"):
-        from .config import load_config
-        from .plan.cli import run as run_plan
-        from .tune.cli import run as run_tune
-        _setup_logging(args.log_level, mpi=False)
-        try:
-            return run_plan(args, load_config(args.config, args.set)) if args.command == "plan" else run_tune(args)
+            return LOCAL[args.command](args)
         except (ValueError, OSError) as e:
             print(f"hpcps: error: {e}", file=sys.stderr)
             return 2
@@ -283,50 +340,7 @@ def main(argv=None) -> int:
     _setup_logging(args.log_level)
     if bad is not None:
         return _error(bad)
-    if args.command == "demo":
-        from .demo import run_demo
-        for name in ("rows", "dim", "batch", "steps"):
-            if getattr(args, name) < 1:
-                _parser().error(f"--{name} must be >= 1")
-        if args.zipf != 0 and not args.zipf > 1:
-            _parser().error(f"--zipf must be > 1, or 0 for uniform ids, got {args.zipf}")
-        from mpi4py import MPI
-        summary, e = _run_collective(run_demo, args.rows, args.dim, args.batch, args.steps, args.num_ps,
-                                     args.transport, args.seed, args.zipf)
-        if e is not None:
-            return _error(e)
-        ok = MPI.COMM_WORLD.allreduce(summary is None or summary["verified"], op=MPI.LAND)
-        if summary is not None:
-            print(json.dumps({"demo": summary}), flush=True)
-        return 0 if ok else 1
-    if args.command in ("predict", "evaluate"):
-        from mpi4py import MPI
-        from .predict import cli as predict_cli
-        job, bad = predict_cli.prepare(args)
-        if bad is not None:
-            return _error(bad)
-        result, e = _run_collective(job)
-        if e is not None:
-            return _error(e)
-        if MPI.COMM_WORLD.Get_rank() == 0:
-            predict_cli.run(result)
-        return 0
-    if args.command == "train":
-        from mpi4py import MPI
-        from .train import train
-        from .stopping import EXIT_CHECKPOINTED, EXIT_STOPPED
-        final, e = _run_collective(train, cfg)
-        if e is not None:
-            return _error(e)
-        if MPI.COMM_WORLD.Get_rank() == 0:
-            from .train.summary import human_summary
-            print(human_summary(final, cfg), file=sys.stderr, flush=True)
-            print(json.dumps({"final": final}), flush=True)
-        if final.get("stopped"):
-            return EXIT_CHECKPOINTED if final.get("saved") else EXIT_STOPPED
-        return 0
-    return 2
-
+    return COLLECTIVE[args.command](args, cfg) if args.command in COLLECTIVE else 2
 
 if __name__ == "__main__":
     sys.exit(main())

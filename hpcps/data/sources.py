@@ -16,7 +16,7 @@ from .stream import PARSE_LINES, Lines, StreamData, read_all
 from .tabular import TabularData, epoch_steps
 from .textfiles import index_file
 
-__all__ = ["delimited", "header_rule", "MEMORY_BYTES"]
+__all__ = ["delimited", "header_rule", "index_files", "files_layout", "MEMORY_BYTES"]
 
 MEMORY_BYTES = 256 << 20
 
@@ -62,8 +62,10 @@ def _everywhere(comm, work):
     return [a for a, _ in parts]
 
 
-def _index_all(paths: list, rule, comm) -> list:
-    """Every file's index; the files are shared out over ``comm``'s ranks."""
+def index_files(paths: list, rule, comm=None) -> list:
+    """Every file's index (:class:`hpcps.data.textfiles.FileIndex`: line counts, header by ``rule``,
+    first data line), the files shared out over ``comm``'s ranks. Collective over ``comm`` where
+    given, else local."""
     size, rank = (comm.Get_size(), comm.Get_rank()) if comm is not None else (1, 0)
     found = {}
     for part in _everywhere(comm, lambda: {i: index_file(paths[i], rule) for i in range(rank, len(paths), size)}):
@@ -71,7 +73,10 @@ def _index_all(paths: list, rule, comm) -> list:
     return [found[i] for i in range(len(paths))]
 
 
-def _layout(d, files: list):
+def files_layout(d, files: list):
+    """The :class:`hpcps.data.columns.Layout` of indexed ``files`` under data settings ``d``: Criteo's,
+    or the columns their (equal) headers or first data line give; ``ValueError`` naming a file whose
+    header differs or that has no data line. Local."""
     if d.format == "criteo":
         return criteo_layout(d.hash_rows)
     first = files[0]
@@ -98,8 +103,8 @@ def _lines(d, comm):
     rule = header_rule(d)
     train_paths = [str(p) for p in expand_inputs(d.path, "data.path")]
     eval_paths = [str(p) for p in expand_inputs(d.eval_path, "data.eval_path")] if d.eval_path else []
-    files = _index_all(train_paths + eval_paths, rule, comm)
-    lay = _layout(d, files)
+    files = index_files(train_paths + eval_paths, rule, comm)
+    lay = files_layout(d, files)
     nt = len(train_paths)
     train = Lines(files, [(k, 0, files[k].lines) for k in range(nt) if files[k].lines])
     if eval_paths:

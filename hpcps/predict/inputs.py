@@ -11,7 +11,7 @@ from ..checkpoint import store, tools
 from ..config import load_config
 from ..core.inputs import expand_inputs
 from ..data.columns import Layout, criteo_layout
-from ..data.sources import _index_all, _layout, header_rule
+from ..data.sources import files_layout, header_rule, index_files
 from .ratings import ratings_header, ratings_input
 
 __all__ = ["SCORING", "resolve_checkpoint", "held_out", "tail_parts", "scoring_config", "index_inputs", "layout_of", "input_layout", "Shape", "check_tables", "peek_columns",
@@ -107,7 +107,7 @@ def index_inputs(d, comm=None, trained: dict | None = None) -> list:
     """Every input file's index (line counts), the files shared out over ``comm``'s ranks; headers
     by :func:`scoring_header`. Collective over ``comm`` where given, else local."""
     paths = [str(p) for p in expand_inputs(d.path, "--data")]
-    return _index_all(paths, scoring_header(d, trained), comm)
+    return index_files(paths, scoring_header(d, trained), comm)
 
 
 def layout_of(d, files: list, labelled: str, manifest: dict, path) -> tuple:
@@ -178,13 +178,13 @@ def input_layout(d, files: list, labelled: str = "auto", trained: dict | None = 
     if d.format == "criteo":
         lay = criteo_layout(d.hash_rows)
     elif no_label and header is not None:            # the header without the label: as if it were last
-        lay = _layout(dataclasses.replace(d, header="true"), [_with_column(f, d, str(d.label)) for f in files])
+        lay = files_layout(dataclasses.replace(d, header="true"), [_with_column(f, d, str(d.label)) for f in files])
     elif no_label:                                   # numbered columns as in training: one more there
         ncols = len((first.first or "").split(d.delimiter)) + 1
         from ..data.columns import resolve_layout
         lay = resolve_layout(d, None, ncols, first.path)
     else:
-        lay = _layout(d, files)
+        lay = files_layout(d, files)
     if header is not None and trained:
         lay = _in_training_order(lay, trained)
     keys = list(lay.categorical)
