@@ -311,8 +311,9 @@ def _train(args, cfg) -> int:
         return _error(e)
     if MPI.COMM_WORLD.Get_rank() == 0:
         from .train.summary import human_summary
-        print(human_summary(final, cfg), file=sys.stderr, flush=True)
-        print(json.dumps({"final": final}), flush=True)
+        # both on stdout, the JSON line last: one stream keeps their order (stderr, forwarded apart by the
+        # launcher, could land inside the JSON line where a log joins the two)
+        print(human_summary(final, cfg) + "\n" + json.dumps({"final": final}), flush=True)
     if final.get("stopped"):
         return EXIT_CHECKPOINTED if final.get("saved") else EXIT_STOPPED
     return 0

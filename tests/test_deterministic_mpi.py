@@ -36,8 +36,8 @@ def _assert_bit_equal(a, b):
 
 
 def _metrics(path):
-    """The per-step metrics records without their timings."""
-    timing = {"time", "elapsed_s", "samples_per_s", "step_s", "wait_s", "push_s", "pull_s"}
+    """The per-step metrics records without their timings (and run ids)."""
+    timing = {"time", "run", "elapsed_s", "samples_per_s", "step_s", "wait_s", "push_s", "pull_s"}
     out = []
     for line in path.read_text().splitlines():
         rec = json.loads(line)

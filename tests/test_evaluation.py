@@ -91,9 +91,9 @@ def test_a_resumed_run_keeps_the_best_model_of_the_runs_before(ratings, tmp_path
     assert second["start_step"] == 27 and second["rmse"] > first["rmse"]
     assert second["best"]["step"] == 27 and store.read_best(ck)["step"] == 27
     # issue 51.14: a line a person reads before the JSON line
-    assert "hpcps: done: 27 steps in" in one.stderr and "eval RMSE" in one.stderr
-    assert "hpcps: done: steps 27-54 in" in two.stderr and "best evaluation at step 27" in two.stderr
-    assert f"checkpoints: {ck} (last step 54)" in two.stderr
+    assert "hpcps: done: 27 steps in" in one.stdout and "eval RMSE" in one.stdout
+    assert "hpcps: done: steps 27-54 in" in two.stdout and "best evaluation at step 27" in two.stdout
+    assert f"checkpoints: {ck} (last step 54)" in two.stdout and two.stdout.splitlines()[-1].startswith('{"final"')
     assert store.verify(store.step_dir(ck, 27))[0]           # kept although checkpoint.keep = 1
 
 

@@ -105,7 +105,8 @@ class TrialRun:
                 _end(proc)
             shutil.rmtree(self.folder / "checkpoints", ignore_errors=True)
         text = self.log.read_text(errors="replace")
-        finals = [line for line in text.splitlines() if line.startswith('{"final"')]
+        # the final JSON line; another rank's stderr may have landed before it on the same line of the log
+        finals = [line[line.index('{"final"'):] for line in text.splitlines() if '{"final"' in line]
         if proc.returncode != 0 or not finals:
             raise RuntimeError(f"trial in {self.folder}: hpcps train exited {proc.returncode}:\n"
                                + "\n".join(text.splitlines()[-15:]))
