@@ -42,6 +42,14 @@ def mae(y, pred) -> float:
     return float(np.mean(np.abs(np.asarray(y, np.float64) - np.asarray(pred, np.float64))))
 
 
+def _command() -> str:
+    """This process's command line, ``hpcps ...`` for ``python -m hpcps`` (whose argv[0] is a path)."""
+    argv = list(sys.argv)
+    if argv and argv[0].endswith(("hpcps/__main__.py", "/hpcps")):
+        argv[0] = "hpcps"
+    return " ".join(argv)
+
+
 class MetricsLog:
     """Append one JSON object per line to ``path`` (no-op when empty) and, with ``tensorboard`` (a
     directory: ``metrics.tensorboard``), the same figures as TensorBoard scalars through the
@@ -57,7 +65,7 @@ class MetricsLog:
             self._f = open(path, "a", buffering=1)
             self._f.write(json.dumps({"start": {
                 "run": self.run, "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.t0)),
-                "command": " ".join(sys.argv), "slurm_job": os.environ.get("SLURM_JOB_ID")}}) + "\n")
+                "command": _command(), "slurm_job": os.environ.get("SLURM_JOB_ID")}}) + "\n")
         self._tb = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
