@@ -21,7 +21,7 @@ class Costs:
     #                              config's batch (at most 1024)
     draw_s_per_sample: float = 0.0   # drawing a training batch from the data source, one thread (a worker
     #                              without a loader process draws its own, in the step)
-    spread: float = 0.0          # the largest (median / fastest - 1) of the timings: how busy the machine was
+    spread: float = 0.0          # the largest (median / fastest - 1) of the CPU timings: how busy the machine was
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -34,6 +34,7 @@ def _best(fn, repeat: int = 5, most: int = 40, stable: float = 0.05) -> float:
     """The fastest of at least ``repeat`` timed calls (the least disturbed by a busy machine), more
     until the fastest of the later half is within ``stable`` of the fastest overall (at most
     ``most`` calls, or 10 s); the spread (median / fastest - 1) goes to :data:`SPREADS`."""
+    fn()                             # untimed: first touches of its memory, the kernels' first calls
     out, t_end = [], time.perf_counter() + 10.0
     while len(out) < most:
         t = time.perf_counter()
@@ -130,9 +131,9 @@ def measure(cfg) -> Costs:
     dim = cfg.model.dim
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    SPREADS.clear()
     try:
         write, read = _hdf5()
+        SPREADS.clear()              # the CPU timings' spread: a disk's fsync varies whatever the load
         # the dense part at the config's batch, up to 1024 (a worker's share; per sample, larger batches cost less)
         timed = (_gather(dim), _apply(cfg, dim), write, read, _dense(cfg, max(16, min(cfg.data.batch_size, 1024))),
                  _draw(cfg))
