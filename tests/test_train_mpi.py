@@ -441,3 +441,12 @@ def test_trim_heap_runs_on_glibc_and_can_be_turned_off(monkeypatch):
     monkeypatch.delenv("HPCPS_MALLOC_TUNE")
     monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.tcache_count=0")     # nothing to trim then
     assert _malloc.trim_heap() is False and _malloc.mode() == "tcache_off"
+
+
+def test_a_job_warns_once_and_logs_each_evaluation():
+    """Issue 51.18: the background-push warning came once per worker; 51.15: an evaluation showed
+    only on the bar, the last one never. Now one warning a job, a log line per evaluation."""
+    r = _train(4, ["job.steps=20", "job.eval_every=10", "pipeline.background_push=on", "metrics.progress=false"])
+    assert r.stderr.count("runs without MPI_THREAD_MULTIPLE") == 1, r.stderr[-3000:]
+    assert "hpcps: evaluation after step 10: auc" in r.stderr
+    assert "hpcps: done: 20 steps in" in r.stdout and "eval AUC" in r.stdout

@@ -41,10 +41,11 @@ class CommThread:
 
     def __init__(self, enabled: bool = True, say: bool = True):
         if enabled and MPI.Query_thread() < MPI.THREAD_MULTIPLE:
-            (logger.warning if say else logger.debug)(     # ``say``: one worker says it for the job"hpcps: MPI runs without MPI_THREAD_MULTIPLE, so pulls and pushes run inline "
-                           "(no background pipeline); set job.mpi_threads = multiple (HPCPS_MPI_THREADS=multiple, "
-                           "or hpcps.prepare_process('multiple')) for the communication thread (hpcps train "
-                           "asks for MPI_THREAD_SERIALIZED by default)")
+            say_it = logger.warning if say else logger.debug       # ``say``: one worker says it for the job
+            say_it("hpcps: MPI runs without MPI_THREAD_MULTIPLE, so pulls and pushes run inline "
+                   "(no background pipeline); set job.mpi_threads = multiple (HPCPS_MPI_THREADS=multiple, "
+                   "or hpcps.prepare_process('multiple')) for the communication thread (hpcps train "
+                   "asks for MPI_THREAD_SERIALIZED by default)")
             enabled = False
         self.enabled = enabled
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="hpcps-comm") if enabled else None
