@@ -125,6 +125,7 @@ class Output:
                 options = pacsv.WriteOptions()
             pacsv.write_csv(table, tmp, options)
         os.replace(tmp, path)
+        self.lock.refresh()                 # worker 0's, each part: the lock stays alive while it writes
         return table.num_rows
 
     def rows(self, i: int) -> int:
