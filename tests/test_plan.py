@@ -167,7 +167,7 @@ def test_costs_are_timed_on_one_thread_until_stable_and_a_busy_machine_is_warned
     monkeypatch.setattr(costs_mod, "_gather", lambda dim: (seen.append(torch.get_num_threads()), 1e-10)[1])
     monkeypatch.setattr(costs_mod, "_dense", lambda cfg, b: 1e-5)
     monkeypatch.setattr(costs_mod, "_draw", lambda cfg: 1e-6)
-    slow = iter([0.001] + [0.003] * 40)             # one fast call, then a busy machine: timed on, to 40 calls
+    slow = iter([0.003, 0.001] + [0.003] * 40)      # the untimed warm-up, one fast call, then a busy machine
     monkeypatch.setattr(costs_mod, "_apply", lambda cfg, dim: costs_mod._best(lambda: time_sleep(next(slow))))
     got = costs_mod.measure(load_config(ROOT / "tests" / "configs" / "tiny_ctr.toml", [], environ={}))
     assert set(seen) == {1} and 0.001 <= got.apply_s_per_row < 0.002 and got.spread > 0.25
