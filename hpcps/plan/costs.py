@@ -89,29 +89,26 @@ def _hdf5(nbytes: int = 64 << 20) -> tuple[float, float]:
 
 
 def _dense(cfg, batch: int) -> float:
+    """Forward, backward and the dense optimizer's step of a stand-in model, per sample (on the one
+    thread :func:`measure` sets)."""
     import torch
 
     from ..train.build import dense_optimizer
     from .workload import standin_model, table_rows
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        rows, _ = table_rows(cfg)
-        model, _ = standin_model(cfg, 64)
-        opt = dense_optimizer(cfg.optimizer.dense, model.parameters())
-        dense = torch.randn(batch, cfg.data.num_dense)
-        sparse = [torch.randint(0, 64, (batch,)) for _ in rows]
-        y = torch.randint(0, 2, (batch,)).float()
+    rows, _ = table_rows(cfg)
+    model, _ = standin_model(cfg, 64)
+    opt = dense_optimizer(cfg.optimizer.dense, model.parameters())
+    dense = torch.randn(batch, cfg.data.num_dense)
+    sparse = [torch.randint(0, 64, (batch,)) for _ in rows]
+    y = torch.randint(0, 2, (batch,)).float()
 
-        def step():
-            opt.zero_grad()
-            torch.nn.functional.binary_cross_entropy_with_logits(model(dense, sparse), y).backward()
-            opt.step()
-        for _ in range(3):           # the allocator's and the kernels' first calls are slower
-            step()
-        return _best(step, 7) / batch
-    finally:
-        torch.set_num_threads(threads)
+    def step():
+        opt.zero_grad()
+        torch.nn.functional.binary_cross_entropy_with_logits(model(dense, sparse), y).backward()
+        opt.step()
+    for _ in range(3):           # the allocator's and the kernels' first calls are slower
+        step()
+    return _best(step, 7) / batch
 
 
 def _draw(cfg) -> float:

@@ -12,6 +12,7 @@ from ..config import load_config
 from ..core.inputs import expand_inputs
 from ..data.columns import Layout, criteo_layout
 from ..data.sources import files_layout, header_rule, index_files
+from ..train.compat import MODEL_KEYS
 from .ratings import ratings_header, ratings_input
 
 __all__ = ["SCORING", "resolve_checkpoint", "held_out", "tail_parts", "scoring_config", "index_inputs", "layout_of", "input_layout", "Shape", "check_tables", "peek_columns",
@@ -73,7 +74,7 @@ def scoring_config(path: Path, config: str | None, data: str, sets=()):
     if not saved:
         raise ValueError(f"{path}: its manifest holds no config (written by an older hpcps?)")
     cfg = load_config(config, ["metrics.tensorboard=", *sets, *SCORING, f"data.path={data}"], base=saved)
-    for key in ("kind", "dim", "bottom_mlp", "top_mlp", "cross_layers", "dynamic_tables"):
+    for key in MODEL_KEYS:                                  # the keys a resume must share too
         have, want = getattr(cfg.model, key, None), saved.get("model", {}).get(key)
         if want is not None and have != want:
             raise ValueError(f"--config: model.{key} = {have!r}, but {path} holds a model with {want!r}")
@@ -121,17 +122,11 @@ def layout_of(d, files: list, labelled: str, manifest: dict, path) -> tuple:
 def peek_columns(cfg, path, labelled: str = "auto") -> None:
     """Before any communication: the first input file's header and first line must give the
     checkpoint's tables (:func:`check_tables`); the job checks every file again. Local."""
-    from ..core.inputs import open_binary
     from ..data.textfiles import FileIndex
     first = str(expand_inputs(cfg.data.path, "--data")[0])
     manifest = store.read_manifest(path)
     rule = scoring_header(cfg.data, manifest.get("layout"))
-    try:
-        f, compressed = open_binary(first)
-    except OSError as e:
-        raise ValueError(f"cannot read data file {first}: {e.strerror}") from None
-    with f:
-        lines = [f.readline().decode("utf-8", "replace").rstrip("\r\n") for _ in range(2)]
+    lines, compressed = _head(first)
     header = lines[0] if lines[0] and rule(lines[0]) else None
     if not (lines[1] if header is not None else lines[0]):
         _some_data_line(cfg.data.path, rule)
@@ -140,14 +135,23 @@ def peek_columns(cfg, path, labelled: str = "auto") -> None:
     check_tables(cfg, Shape(lay), manifest, path)
 
 
+def _head(name) -> tuple[list, bool]:
+    """``([first line, second line], compressed)`` of input file ``name`` ("" past its end);
+    ``ValueError`` naming a file that cannot be read. Local."""
+    from ..core.inputs import open_binary
+    try:
+        f, compressed = open_binary(str(name))
+    except OSError as e:
+        raise ValueError(f"cannot read data file {name}: {e.strerror}") from None
+    with f:
+        return [f.readline().decode("utf-8", "replace").rstrip("\r\n") for _ in range(2)], compressed
+
+
 def _some_data_line(spec: str, rule) -> None:
     """The first input file has no data line: ``ValueError`` unless another file has one. Local."""
-    from ..core.inputs import open_binary
     files = expand_inputs(spec, "--data")
     for name in files[1:]:
-        f, _ = open_binary(str(name))
-        with f:
-            lines = [f.readline().decode("utf-8", "replace").rstrip("\r\n") for _ in range(2)]
+        lines, _ = _head(name)
         if lines[0] and not rule(lines[0]) or lines[1]:
             return
     raise ValueError(f"--data {spec}: no data lines to score ({'a header at most' if len(files) == 1 else f'{len(files)} files, each a header at most'})")
