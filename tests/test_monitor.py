@@ -169,3 +169,24 @@ def test_monitor_settings_are_checked(key, value, msg):
     with pytest.raises(ValueError, match=f"{key}.*{msg}".replace("(", r"\(").replace(")", r"\)")
                        .replace("[", r"\[").replace("]", r"\]")):
         load_config(None, [f"{key}={value}"], environ={})
+
+
+def test_a_rate_alert_is_raised_only_when_two_judgments_in_a_row_find_it():
+    """A PS overload or a straggler in one sample window alone (a checkpoint, a descheduled rank on
+    a loaded node) is no alert, and does not stop a job; found again by the next judgment it is
+    raised, once. A memory alert is raised at once."""
+    from hpcps.monitor.monitor import Monitor
+    m = object.__new__(Monitor)
+    stops = []
+    m.active, m.raised, m.pending, m.post, m.log = set(), [], set(), {}, None
+    m.mon, m.on_alert = types.SimpleNamespace(on_alert="checkpoint_and_stop"), stops.append
+    ps = {"rule": "ps_overloaded", "rank": 0, "message": "PS overloaded"}
+    mem = {"rule": "memory", "rank": 1, "message": "memory"}
+    m._raise(10, [ps, mem])
+    assert [a["alert"] for a in m.raised] == ["memory"] and stops == [mem]
+    m._raise(20, [])                                # the overload cleared: it starts over
+    m._raise(30, [ps])
+    assert [a["alert"] for a in m.raised] == ["memory"]
+    m._raise(40, [ps])
+    m._raise(50, [ps])
+    assert [(a["alert"], a["step"]) for a in m.raised] == [("memory", 10), ("ps_overloaded", 40)] and stops == [mem, ps]

@@ -22,6 +22,8 @@ __all__ = ["Monitor"]
 
 logger = logging.getLogger("hpcps.monitor")
 SILENT_ROUNDS = 3           # a rank is silent after this many of the first worker's reads without a new row
+SUSTAINED = ("ps_overloaded", "straggler")   # rate rules: raised only when two judgments in a row find them,
+#                             so one slow sample window (a checkpoint, a descheduled rank) does not stop a job
 
 
 class Monitor:
@@ -57,6 +59,7 @@ class Monitor:
         self.changed_at = np.full(n, time.monotonic())
         self.prev_rss = None
         self.active, self.raised = set(), []
+        self.pending = set()                 # rate alerts found by the last judgment, not yet raised
         self.ckpt_bytes = float(ckpt_estimate)
         self.sized = set()                   # committed steps whose size was measured
         self.post = {}
@@ -175,6 +178,9 @@ class Monitor:
                      **({"alerts": str(len(self.active))} if self.active else {})}
 
     def _raise(self, step: int, alerts: list) -> None:
+        now = {(a["rule"], a["rank"]) for a in alerts}
+        pending, self.pending = self.pending, {k for k in now if k[0] in SUSTAINED}
+        alerts = [a for a in alerts if a["rule"] not in SUSTAINED or (a["rule"], a["rank"]) in pending]
         now = {(a["rule"], a["rank"]) for a in alerts}
         for a in alerts:
             if (a["rule"], a["rank"]) in self.active:
