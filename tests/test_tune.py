@@ -117,3 +117,24 @@ def test_the_readme_search_killed_in_a_trial_goes_on_when_run_again(tmp_path):
     # run once more: the study is done, nothing runs
     done = _tune(study)
     assert done.returncode == 0 and json.loads(done.stdout.strip().splitlines()[-1])["tune"]["trials"] == 4
+
+
+def test_a_trial_another_search_has_just_taken_is_not_judged_stale(tmp_path, monkeypatch):
+    """Two tasks of a job array: one takes the queued trial 0 and, before it has written its host,
+    pid and heartbeat, the other starts and looks for trials of dead searches. Trial 0 was started
+    a moment ago: it is left running (it was marked failed, and the first task's result refused).
+    Silent for longer than STALE_S on another host, it is failed and its values queued again."""
+    import types
+    from optuna.trial import TrialState
+    from hpcps.tune import study as tune_study
+    study = tune_study.open_study(tmp_path / "study", maximise=True)
+    study.enqueue_trial({"x": 1.0})
+    taken = study.ask()                                   # RUNNING, no user attributes yet
+    assert tune_study.recover_stale(tune_study.open_study(tmp_path / "study", maximise=True)) == 0
+    assert study.trials[taken.number].state == TrialState.RUNNING
+    taken.set_user_attr("host", "another-node")
+    later = time.time() + tune_study.STALE_S + 60
+    monkeypatch.setattr(tune_study, "time", types.SimpleNamespace(time=lambda: later))
+    assert tune_study.recover_stale(tune_study.open_study(tmp_path / "study", maximise=True)) == 1
+    states = [t.state for t in study.trials]
+    assert states == [TrialState.FAIL, TrialState.WAITING] and study.trials[1].user_attrs["retry_of"] == 0

@@ -80,7 +80,9 @@ def recover_stale(study) -> int:
     now, n = time.time(), 0
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         here = t.user_attrs.get("host") == socket.gethostname()
-        silent = now - float(t.user_attrs.get("alive", 0)) > STALE_S
+        # a trial just taken has no host, pid or heartbeat yet: its start is its last sign of life
+        started = t.datetime_start.timestamp() if t.datetime_start else 0.0
+        silent = now - max(float(t.user_attrs.get("alive", 0)), started) > STALE_S
         if (here and not _alive_here(t)) or (not here and silent):
             study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
             study.enqueue_trial(t.params, user_attrs={"retry_of": t.number}, skip_if_exists=False)
