@@ -22,16 +22,16 @@ own calls it first thing, or launches with the same settings (README,
 import importlib
 
 from ._version import __version__
-from .errors import FreedError, HpcpsError, RoleError
+from .core.errors import FreedError, HpcpsError, RoleError
 
 __all__ = ["init", "Context", "EmbeddingTable", "DynamicEmbeddingTable", "initial_rows", "push_many", "optim", "DenseSync", "nn", "models",
            "prepare_process", "HpcpsError", "FreedError", "RoleError", "__version__"]
 
-_LAZY = {"init": ("hpcps.context", "init"), "Context": ("hpcps.context", "Context"),
+_LAZY = {"init": ("hpcps.runtime.context", "init"), "Context": ("hpcps.runtime.context", "Context"),
          "EmbeddingTable": ("hpcps.sparse.table", "EmbeddingTable"),
          "DynamicEmbeddingTable": ("hpcps.sparse.dynamic", "DynamicEmbeddingTable"), "push_many": ("hpcps.sparse.push", "push_many"),
          "initial_rows": ("hpcps.core.ids", "initial_rows"), "prepare_process": ("hpcps.core.process", "prepare_process"),
-         "optim": ("hpcps.optim", None), "DenseSync": ("hpcps.dense", "DenseSync"), "nn": ("hpcps.nn", None),
+         "optim": ("hpcps.core.optimizers", None), "DenseSync": ("hpcps.dense", "DenseSync"), "nn": ("hpcps.nn", None),
          "models": ("hpcps.models", None)}
 
 

@@ -1,7 +1,7 @@
 import sys
 
 from .cli import main
-from .stopping import EXIT_CHECKPOINTED, EXIT_STOPPED
+from .runtime.stopping import EXIT_CHECKPOINTED, EXIT_STOPPED
 
 EXIT_CONFIG = 2       # an error alike on every rank (cli._error): one line, no MPI_Abort per rank
 

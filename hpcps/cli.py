@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from ._version import __version__
-from .errors import HpcpsError
+from .core.errors import HpcpsError
 
 __all__ = ["main"]
 
@@ -163,7 +163,7 @@ def _abort(e: Exception) -> None:
 
     from mpi4py import MPI
 
-    from .topology import ABORT_GRACE_S
+    from .runtime.topology import ABORT_GRACE_S
     world = MPI.COMM_WORLD
     sys.stderr.write(f"hpcps: error on world rank {world.Get_rank()} of {world.Get_size()}: {e}\n"
                      f"hpcps: ending the whole job\n")
@@ -177,7 +177,7 @@ def _run_collective(fn, *args):
     """``fn(*args)`` (collective over the world); ``(result, None)``, or ``(None, error)`` for a
     ``ValueError`` raised alike on every rank before any context existed. An error raised while a
     context is open (on this rank alone, perhaps) ends the whole job (:func:`_abort`)."""
-    from .context import open_contexts
+    from .runtime.context import open_contexts
     try:
         return fn(*args), None
     except (ValueError, OSError, HpcpsError) as e:
@@ -242,14 +242,14 @@ def _bench(args) -> int:
 
 
 def _report(args) -> int:
-    from .report import write_report
+    from .tools.report import write_report
     for path in write_report(args.src, args.out):
         print(path)
     return 0
 
 
 def _baseline(args) -> int:
-    from .baseline import run_baseline
+    from .tools.baseline import run_baseline
     from .config import load_config
     _setup_logging(args.log_level, mpi=False)            # its progress
     if not args.c > 0:
@@ -272,7 +272,7 @@ LOCAL = {"ckpt": _ckpt, "bench": _bench, "report": _report, "baseline": _baselin
 
 def _demo(args, cfg) -> int:
     from mpi4py import MPI
-    from .demo import run_demo
+    from .tools.demo import run_demo
     for name in ("rows", "dim", "batch", "steps"):
         if getattr(args, name) < 1:
             _parser().error(f"--{name} must be >= 1")
@@ -304,7 +304,7 @@ def _score(args, cfg) -> int:
 
 def _train(args, cfg) -> int:
     from mpi4py import MPI
-    from .stopping import EXIT_CHECKPOINTED, EXIT_STOPPED
+    from .runtime.stopping import EXIT_CHECKPOINTED, EXIT_STOPPED
     from .train import train
     final, e = _run_collective(train, cfg)
     if e is not None:
@@ -333,7 +333,7 @@ def main(argv=None) -> int:
             print(f"hpcps: error: {e}", file=sys.stderr)
             return 2
     if args.command == "train":
-        from . import stopping
+        from .runtime import stopping
         stopping.install()              # before the slow imports: an early Slurm signal is kept
     cfg, bad = _config(args)
     from .core.process import prepare_process

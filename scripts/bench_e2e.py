@@ -17,7 +17,7 @@ The DLRM job of examples/ctr.toml (8 tables, Adagrad on the sparse side, sync mo
                  same model, ranks, data and optimizer; one RPC pull and one push per step;
                  run with glibc's tcache off as hpcps train runs (hpcps/core/malloc.py; faster so)
   single_process torch.nn.EmbeddingBag(sparse=True) + torch.optim.Adagrad in one process with
-                 one thread (hpcps.reference), in a process of its own, with glibc's defaults
+                 one thread (hpcps.tools.reference), in a process of its own, with glibc's defaults
   single_process_tcache_off   the same with glibc's tcache off; the faster of the two is the
                  per-core yardstick
 Prints samples/s, the ratios against the targets (hpcps >= 2x torch_rpc; hpcps per core >= 0.8x
@@ -88,11 +88,11 @@ def _median(xs):
 
 
 def bench_single(config, steps, warmup):
-    """hpcps.reference (torch EmbeddingBag + torch.optim) in this process with one thread, timed
+    """hpcps.tools.reference (torch EmbeddingBag + torch.optim) in this process with one thread, timed
     from the request of batch ``warmup`` to the end."""
     import torch
     torch.set_num_threads(1)
-    import hpcps.reference as ref
+    import hpcps.tools.reference as ref
     from hpcps.config import load_config
     cfg = load_config(config, [], environ={})
     ref.train_reference(cfg, steps=warmup)      # first-call costs (imports, allocator) paid here

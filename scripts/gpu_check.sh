@@ -26,7 +26,7 @@ echo "== the GPU run equals single-process CPU PyTorch (float tolerance)"
 $py - "$out/gpu.npz" "$ngpu" <<'PY'
 import sys, numpy as np
 from hpcps.config import load_config
-from hpcps.reference import train_reference
+from hpcps.tools.reference import train_reference
 got = np.load(sys.argv[1])
 ref = train_reference(load_config("tests/configs/tiny_ctr.toml", [], environ={}))
 worst = max(float(np.abs(got[k] - ref[k]).max()) for k in ref)

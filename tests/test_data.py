@@ -5,7 +5,7 @@ import pytest
 
 from hpcps.config import load_config
 from hpcps.data import BadLine, SyntheticCTR, criteo_layout, make_data, parse_block, parse_rating
-from hpcps.metrics import auc
+from hpcps.core.metrics import auc
 
 ROOT = Path(__file__).resolve().parent.parent
 CRITEO = ROOT / "tests" / "data" / "criteo_head1000.txt"

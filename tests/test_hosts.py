@@ -15,7 +15,7 @@ import pytest
 
 from hpcps.checkpoint import store
 from hpcps.config import load_config
-from hpcps.reference import train_reference
+from hpcps.tools.reference import train_reference
 from hostkit import assert_ended_unfinished, host_local_dir, kill_all, parts_of, pids_on
 from mpirun import CLUSTER, ROOT, launch_mpi, reap, run_mpi, selected, train_many
 

@@ -14,42 +14,39 @@ PKG = ROOT / "hpcps"
 # module (prefix) -> hpcps modules (prefixes) it may import; the first matching prefix decides
 LAYERS = [
     ("hpcps._version", []),
-    ("hpcps.errors", []),
-    ("hpcps.core", ["hpcps.core", "hpcps.errors"]),
-    ("hpcps.topology", ["hpcps.core", "hpcps.errors"]),
-    ("hpcps.sparse", ["hpcps.sparse", "hpcps.core", "hpcps.errors"]),
-    ("hpcps.dense", ["hpcps.dense", "hpcps.core", "hpcps.errors"]),
-    ("hpcps.context", ["hpcps.topology", "hpcps.sparse", "hpcps.core", "hpcps.errors"]),
-    ("hpcps.optim", ["hpcps.core"]),
+    ("hpcps.core", ["hpcps.core"]),
+    ("hpcps.runtime.stopping", []),
+    ("hpcps.runtime.topology", ["hpcps.core"]),
+    ("hpcps.sparse", ["hpcps.sparse", "hpcps.core"]),
+    ("hpcps.dense", ["hpcps.dense", "hpcps.core"]),
+    ("hpcps.runtime.context", ["hpcps.runtime.topology", "hpcps.sparse", "hpcps.core"]),
+    ("hpcps.runtime", []),
     ("hpcps.models", ["hpcps.models"]),
-    ("hpcps.nn", ["hpcps.sparse", "hpcps.core"]),
-    ("hpcps.nn_dynamic", ["hpcps.nn", "hpcps.sparse", "hpcps.core"]),
-    ("hpcps.nn_parts", ["hpcps.nn"]),
+    ("hpcps.nn", ["hpcps.nn", "hpcps.sparse", "hpcps.core"]),
     ("hpcps.data", ["hpcps.data", "hpcps.core"]),
-    ("hpcps.metrics", []),
-    ("hpcps.stopping", []),
     ("hpcps.config", ["hpcps.config", "hpcps.core"]),
     ("hpcps.monitor", ["hpcps.monitor", "hpcps.core"]),
-    ("hpcps.checkpoint", ["hpcps.checkpoint", "hpcps.core", "hpcps.errors", "hpcps._version"]),
-    ("hpcps.train", ["hpcps.train", "hpcps.monitor", "hpcps.context", "hpcps.sparse", "hpcps.dense", "hpcps.nn", "hpcps.nn_dynamic", "hpcps.nn_parts", "hpcps.models",
-                     "hpcps.data", "hpcps.checkpoint", "hpcps.config", "hpcps.metrics", "hpcps.stopping",
-                     "hpcps.core", "hpcps.errors"]),
-    ("hpcps.predict", ["hpcps.predict", "hpcps.train", "hpcps.context", "hpcps.nn", "hpcps.data", "hpcps.checkpoint",
-                       "hpcps.config", "hpcps.metrics", "hpcps.core"]),
+    ("hpcps.checkpoint", ["hpcps.checkpoint", "hpcps.core", "hpcps._version"]),
+    ("hpcps.train", ["hpcps.train", "hpcps.monitor", "hpcps.runtime", "hpcps.sparse", "hpcps.dense", "hpcps.nn",
+                     "hpcps.models", "hpcps.data", "hpcps.checkpoint", "hpcps.config", "hpcps.core"]),
+    ("hpcps.predict", ["hpcps.predict", "hpcps.train", "hpcps.runtime.context", "hpcps.nn", "hpcps.data",
+                       "hpcps.checkpoint", "hpcps.config", "hpcps.core"]),
     ("hpcps.plan", ["hpcps.plan", "hpcps.train", "hpcps.config", "hpcps.data", "hpcps.core"]),
     ("hpcps.tune", ["hpcps.tune", "hpcps.config"]),
-    ("hpcps.reference", ["hpcps.train", "hpcps.config", "hpcps.data", "hpcps.models", "hpcps.core"]),
-    ("hpcps.demo", ["hpcps.context", "hpcps.sparse", "hpcps.optim", "hpcps.core"]),
-    ("hpcps.report", ["hpcps.metrics", "hpcps.monitor.plots"]),
-    ("hpcps.baseline", ["hpcps.data", "hpcps.metrics"]),
+    ("hpcps.tools.reference", ["hpcps.train", "hpcps.config", "hpcps.data", "hpcps.models", "hpcps.core"]),
+    ("hpcps.tools.demo", ["hpcps.runtime.context", "hpcps.sparse", "hpcps.core"]),
+    ("hpcps.tools.report", ["hpcps.core.metrics", "hpcps.monitor.plots"]),
+    ("hpcps.tools.baseline", ["hpcps.data", "hpcps.core"]),
+    ("hpcps.tools", []),
     ("hpcps.cli", ["hpcps"]),
-    ("hpcps.__main__", ["hpcps.cli", "hpcps.stopping"]),
-    ("hpcps", ["hpcps._version", "hpcps.errors"]),      # the face: the rest is loaded lazily by name
+    ("hpcps.__main__", ["hpcps.cli", "hpcps.runtime.stopping"]),
+    ("hpcps", ["hpcps._version", "hpcps.core.errors"]),      # the face: the rest is loaded lazily by name
 ]
 PURE = ["hpcps", "hpcps.config", "hpcps.core.ids", "hpcps.core.sharding", "hpcps.core.optimizers",
         "hpcps.core.settings", "hpcps.core.layout", "hpcps.core.wait", "hpcps.core.malloc", "hpcps.core.process",
         "hpcps.core.inputs", "hpcps.core.hashindex", "hpcps.core.dynshard",
-        "hpcps.data", "hpcps.models", "hpcps.metrics", "hpcps.optim", "hpcps.stopping", "hpcps.baseline", "hpcps.tune",
+        "hpcps.core.metrics", "hpcps.core.errors", "hpcps.runtime", "hpcps.runtime.stopping", "hpcps.tools",
+        "hpcps.data", "hpcps.models", "hpcps.tools.baseline", "hpcps.tune",
         "hpcps.monitor", "hpcps.monitor.probe", "hpcps.monitor.fields", "hpcps.monitor.rules", "hpcps.monitor.plots"]
 
 
@@ -147,7 +144,7 @@ def test_source_parses_as_the_oldest_python_setup_cfg_allows():
         ast.parse(path.read_text(), str(path), feature_version=(3, 10))
 
 
-@pytest.mark.parametrize("module", ["hpcps.sparse", "hpcps.core.dynshard", "hpcps.context"])
+@pytest.mark.parametrize("module", ["hpcps.sparse", "hpcps.core.dynshard", "hpcps.runtime.context"])
 def test_the_table_layers_do_not_import_torch(module):
     """A program of tables alone (and every test launch of one) does not pay torch's import:
     seconds a rank on an oversubscribed node; the PS's optimizers import it when they first apply."""

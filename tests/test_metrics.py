@@ -3,7 +3,7 @@ import itertools
 import numpy as np
 import pytest
 
-from hpcps.metrics import auc, logloss, mae, rmse
+from hpcps.core.metrics import auc, logloss, mae, rmse
 
 
 def _auc_brute(y, s):

@@ -5,7 +5,7 @@ import torch.nn.functional as F
 
 from hpcps.models import MatrixFactorization, embedding_penalty
 from hpcps.models.dlrm import DLRM, mlp, pair_spread, pairwise_dots
-from hpcps.nn import _gather
+from hpcps.nn.sharded import _gather
 
 
 def test_pairwise_dots_match_bmm_of_the_lower_triangle():

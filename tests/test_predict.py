@@ -162,7 +162,7 @@ def test_predict_without_labels_equals_the_torchscript_export_with_torch_alone_a
     rows = json.loads(next(x for x in r.stdout.splitlines() if x.startswith('{"evaluate"')))["evaluate"]
     assert [x["step"] for x in rows] == sorted(x["step"] for x in rows) and len(rows) >= 2
     _, p, y = _expected(d, sets, d / "inputs" / "part-[01].csv.gz")
-    from hpcps.metrics import auc
+    from hpcps.core.metrics import auc
     best = next(x for x in rows if str(resolve_checkpoint(str(d / "ck" / "best"))) == x["checkpoint"])
     assert best["auc"] == pytest.approx(auc(y, p), abs=1e-6) and best["samples"] == 540
     assert best["calibration"] == pytest.approx(p.mean() / y.mean(), rel=1e-5)

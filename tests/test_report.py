@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from hpcps.report import load_metrics, write_report
+from hpcps.tools.report import load_metrics, write_report
 from mpirun import ROOT
 
 

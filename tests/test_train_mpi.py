@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from hpcps.config import load_config
-from hpcps.reference import train_reference
+from hpcps.tools.reference import train_reference
 from hpcps.core.ids import initial_rows
 from hpcps.data import make_data
 from hpcps.train import table_specs

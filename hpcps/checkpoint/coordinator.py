@@ -36,7 +36,7 @@ from mpi4py import MPI
 
 from .._version import __version__
 from ..core.wait import overdue
-from ..errors import HpcpsError
+from ..core.errors import HpcpsError
 from ..core.window import Window
 from . import local, store
 from .partner import Partners

@@ -8,8 +8,9 @@ Pure helpers (import no MPI, so configs and readers can use them before MPI star
 heap), ``ids`` (id hashing and initial rows), ``sharding`` (row placement),
 ``optimizers`` (sparse optimizer specs and their math), ``layout`` (which ranks are
 PS), ``settings`` (the names and values every layer agrees on), ``process``
-(thread level and allocator, set before MPI starts).
+(thread level and allocator, set before MPI starts), ``errors`` (hpcps's exceptions), ``metrics``
+(evaluation metrics and the JSONL metrics log).
 
-Nothing here imports from the rest of hpcps except ``hpcps.errors``; this
-package's face imports nothing, so ``import hpcps.core.ids`` starts no MPI.
+Nothing here imports from the rest of hpcps; this package's face imports nothing, so
+``import hpcps.core.ids`` starts no MPI.
 """

@@ -27,7 +27,7 @@ import platform
 import sys
 import time
 
-from ..errors import StalledError
+from .errors import StalledError
 from .settings import WAIT_POLICIES
 
 __all__ = ["WAIT_POLICIES", "backoff", "set_policy", "wait_request", "bells", "pause", "futex_wait", "futex_wake",
@@ -76,7 +76,7 @@ def backoff(misses: int) -> None:
 
 
 def set_progress_timeout(seconds: float) -> None:
-    """Seconds a wait may see no progress before it raises :class:`hpcps.errors.StalledError`
+    """Seconds a wait may see no progress before it raises :class:`hpcps.core.errors.StalledError`
     (0: wait forever). Local; :func:`hpcps.init` sets it (``job.progress_timeout``)."""
     global _timeout
     if not seconds >= 0:
@@ -86,7 +86,7 @@ def set_progress_timeout(seconds: float) -> None:
 
 def overdue(started: float, misses: int, what) -> None:
     """In a wait that began at ``time.monotonic()`` ``started``, after its ``misses``-th fruitless
-    poll: raise :class:`hpcps.errors.StalledError` saying ``what()`` (or ``what``) once the progress
+    poll: raise :class:`hpcps.core.errors.StalledError` saying ``what()`` (or ``what``) once the progress
     timeout has passed. Looks at the clock every ``_CLOCK_EVERY`` misses only. Local."""
     if misses % _CLOCK_EVERY or not _timeout or time.monotonic() - started <= _timeout:
         return

@@ -27,7 +27,7 @@ import os
 import numpy as np
 from mpi4py import MPI
 
-from ..errors import FreedError, HpcpsError
+from .errors import FreedError, HpcpsError
 from . import counts
 
 __all__ = ["Window", "window_kind", "WINDOW_KINDS"]

@@ -16,7 +16,7 @@ from mpi4py import MPI
 from ..core import counts
 from ..core import wait as _wait
 from ..core.wait import wait_request
-from ..errors import HpcpsError
+from ..core.errors import HpcpsError
 
 __all__ = ["MPIBackend", "NCCLBackend", "GlooBackend", "ShmBackend", "make_backend", "SHM_MAX_BYTES"]
 

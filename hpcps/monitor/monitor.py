@@ -67,7 +67,7 @@ class Monitor:
         self.started = time.monotonic()
 
     def attach(self, log, on_alert, ckpt=None) -> None:
-        """First worker: where records go (a :class:`hpcps.metrics.MetricsLog`), what a raised alert
+        """First worker: where records go (a :class:`hpcps.core.metrics.MetricsLog`), what a raised alert
         calls when ``monitor.on_alert`` asks to stop (``on_alert(alert)``), and the job's
         checkpointer (its committed checkpoints' sizes). Local."""
         self.log, self.on_alert, self.ckpt = log, on_alert, ckpt

@@ -6,7 +6,7 @@ import time
 import numpy as np
 
 from ..checkpoint import read_manifest
-from ..metrics import auc, logloss, mae, rmse
+from ..core.metrics import auc, logloss, mae, rmse
 from .inputs import plan_parts, tail_parts
 from .reading import read_parts
 

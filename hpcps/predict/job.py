@@ -14,7 +14,7 @@ from mpi4py import MPI
 
 from ..checkpoint import load_dense_model, read_manifest, restore_tables
 from ..config import resolve_switch
-from ..context import init
+from ..runtime.context import init
 from ..nn import ShardedEmbeddingBag
 from ..train.build import build_model, make_lookups, make_tables
 from .inputs import Shape, check_tables, index_inputs, layout_of, part_size, plan_parts

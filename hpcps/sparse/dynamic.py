@@ -27,7 +27,7 @@ from ..core.dynshard import EVICTIONS, DynamicShard, sum_rows
 from ..core.hashindex import owner_of
 from ..core.ids import initial_rows
 from ..core.optimizers import SGD, SparseOptimizer
-from ..errors import RoleError
+from ..core.errors import RoleError
 from .dynamic_ckpt import DynamicCheckpointable
 from .dynamic_recv import DynamicReceiving
 from .dynamic_shm import ShardMemory

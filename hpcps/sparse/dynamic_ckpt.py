@@ -9,7 +9,7 @@ rank (local)."""
 import numpy as np
 
 from ..core.optimizers import new_state
-from ..errors import RoleError
+from ..core.errors import RoleError
 
 __all__ = ["DynamicCheckpointable", "HashPlacement"]
 

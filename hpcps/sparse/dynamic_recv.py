@@ -10,7 +10,7 @@ from mpi4py import MPI
 
 from ..core import wait as _wait
 from ..core.dynshard import sum_rows
-from ..errors import HpcpsError
+from ..core.errors import HpcpsError
 
 __all__ = ["DynamicReceiving"]
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..core.malloc import populated
 from ..core.optimizers import new_state
-from ..errors import RoleError
+from ..core.errors import RoleError
 
 __all__ = ["ChunkedSnapshot", "Checkpointable", "CHUNK_ROWS"]
 

@@ -9,7 +9,7 @@ from ..core.ids import INITS, default_scale
 from ..core.optimizers import SGD, SparseOptimizer
 from ..core.settings import RMA_READS, ROW_DTYPES, TRANSPORTS
 from ..core.wait import wait_request
-from ..errors import RoleError
+from ..core.errors import RoleError
 
 __all__ = ["check_segments", "check_init", "check_args", "agree"]
 
@@ -91,7 +91,7 @@ def agree(ctx, name: str, spec: tuple) -> None:
     """Every rank of the world creates table ``name`` with the same ``spec``, or ``ValueError`` /
     ``RoleError`` on every rank that got here. Collective over the world, but never blocking for
     good: a rank that does not come (a table made on some ranks only, a PS already serving) ends
-    in :class:`hpcps.errors.StalledError` within the progress timeout, and a worker first checks
+    in :class:`hpcps.core.errors.StalledError` within the progress timeout, and a worker first checks
     that no PS rank serves yet."""
     if ctx.is_worker:
         serving = ctx.control.ps_serving()

@@ -28,7 +28,7 @@ from ..core.malloc import map_pages
 from ..core.optimizers import SparseOptimizer, new_state
 from ..core.sharding import logical_tables, make_sharding
 from ..core.window import Window
-from ..errors import FreedError, RoleError
+from ..core.errors import FreedError, RoleError
 from .codec import HalfCopy, torch_module
 from .mailbox import Mailbox
 from .pull import PullHandle, gather_local, pull_async

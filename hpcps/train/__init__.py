@@ -2,7 +2,7 @@
 optimizers from the config), ``worker`` (the worker's loop), ``evaluation`` (loss, eval, export),
 ``recovery`` (checkpoint triggers and resume), ``telemetry`` (what a worker measures)."""
 
-from ..stopping import EXIT_CHECKPOINTED
+from ..runtime.stopping import EXIT_CHECKPOINTED
 from .build import (FUSED_TABLE, build_model, dense_optimizer, dense_schedule, fused_tables, make_tables,
                     table_parts, table_specs, total_steps)
 from .driver import train

@@ -15,8 +15,8 @@ from ..dense.optim import make_dense_optimizer
 from ..monitor.probe import mem_available
 from ..models import PARTS, StackedLookup, get_kind
 from ..nn import ShardedEmbeddingCollection
-from ..nn_dynamic import DynamicEmbeddingCollection
-from ..nn_parts import ShardedEmbeddingParts
+from ..nn.dynamic import DynamicEmbeddingCollection
+from ..nn.parts import ShardedEmbeddingParts
 from ..sparse import EmbeddingTable
 from ..sparse.dynamic import DynamicEmbeddingTable
 from .best import default_metric

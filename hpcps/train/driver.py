@@ -14,7 +14,7 @@ from mpi4py import MPI
 
 from .. import checkpoint as ckpt_mod
 from ..config import Config, deterministic, resolve_switch
-from ..context import init
+from ..runtime.context import init
 from ..core import counts
 from ..data import make_data
 from ..data.loader import BatchAhead, placement
@@ -23,7 +23,7 @@ from ..data.loader import supported as loader_supported
 from ..models import get_kind
 from ..monitor.monitor import Monitor
 from ..nn import IdPlan
-from ..stopping import StopRequest
+from ..runtime.stopping import StopRequest
 from .best import stopped_early
 from .build import check_model_kind, make_tables, shard_bytes, pipeline_switches, resolve_auto_epochs, resolve_local_full_every, total_steps
 from .layout import backend_name, gather_layout, layout_line

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from ..metrics import auc, logloss, mae, rmse
+from ..core.metrics import auc, logloss, mae, rmse
 from ..models import embedding_penalty
 
 __all__ = ["step_loss", "evaluate", "export_weights", "save_arrays"]

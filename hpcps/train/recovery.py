@@ -16,7 +16,7 @@ from .. import checkpoint as ckpt_mod
 from ..checkpoint.lock import DirLock
 from ..config import Config, parse_permissions
 from ..core.wait import quiet_barrier, wait_request
-from ..errors import HpcpsError
+from ..core.errors import HpcpsError
 from .compat import check_same_data, check_same_dense_optimizer, check_same_model
 
 __all__ = ["open_checkpointer", "find_resume", "pick_level", "load_level", "CheckpointTrigger", "record_start"]

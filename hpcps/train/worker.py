@@ -30,12 +30,12 @@ from ..config import AUTO_EPOCHS
 from ..core import counts, malloc
 from ..core.settings import parse_mode
 from ..dense import DenseSync
-from ..metrics import MetricsLog
+from ..core.metrics import MetricsLog
 from ..models import get_kind
 from ..models.linear import linear_params
 from ..nn import IdPlan, ShardedEmbeddingBag, ShardedEmbeddingCollection
-from ..nn_dynamic import DynamicEmbeddingCollection
-from ..nn_parts import ShardedEmbeddingParts
+from ..nn.dynamic import DynamicEmbeddingCollection
+from ..nn.parts import ShardedEmbeddingParts
 from ..sparse.pipeline import CommThread, PushBatch, RowCache
 from .best import Evaluations
 from .build import build_model, dense_optimizer, dense_schedule, make_lookups

@@ -8,7 +8,7 @@ import hpcps
 
 hpcps.prepare_process()
 from hpcps.core.dynshard import DynamicShard, sum_rows  # noqa: E402
-from hpcps.errors import RoleError  # noqa: E402
+from hpcps.core.errors import RoleError  # noqa: E402
 
 num_ps, opt_name, steps = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 D, SEED, CAP = 8, 11, 4000

@@ -6,7 +6,7 @@ import numpy as np
 import hpcps
 
 hpcps.prepare_process()       # before MPI starts (README, "Python API")
-from hpcps.errors import FreedError, RoleError  # noqa: E402
+from hpcps.core.errors import FreedError, RoleError  # noqa: E402
 
 from mpi4py import MPI  # noqa: E402
 

@@ -1,6 +1,6 @@
 """The hpcps context: the role split, plus the step protocol and the shard locks of the tables.
 
-``hpcps.init`` splits the world communicator (:class:`hpcps.topology.Topology`)
+``hpcps.init`` splits the world communicator (:class:`hpcps.runtime.topology.Topology`)
 and returns a :class:`Context`. PS ranks hold table shards and wait in
 :meth:`Context.serve`; workers run the model, mark steps with
 :meth:`Context.step_begin` / :meth:`Context.step_end`, and call
@@ -12,14 +12,14 @@ import time
 
 from mpi4py import MPI
 
-from .core import malloc as _malloc
-from .core import wait as _wait
-from .core.layout import PS_LAYOUTS, check_launch, check_num_ps
-from .core.locks import ShardLocks
-from .core.settings import RMA_READS, TRANSPORTS, WAIT_POLICIES, parse_mode
-from .core.window import window_kind
-from .errors import FreedError, RoleError
-from .sparse.control import StepControl
+from ..core import malloc as _malloc
+from ..core import wait as _wait
+from ..core.layout import PS_LAYOUTS, check_launch, check_num_ps
+from ..core.locks import ShardLocks
+from ..core.settings import RMA_READS, TRANSPORTS, WAIT_POLICIES, parse_mode
+from ..core.window import window_kind
+from ..core.errors import FreedError, RoleError
+from ..sparse.control import StepControl
 from .topology import Topology, abort_on_uncaught
 
 __all__ = ["init", "Context", "open_contexts"]
@@ -59,7 +59,7 @@ def init(num_ps: int | None = None, comm: MPI.Comm | None = None, *,
         the main job across pretend hosts, against 25 ms by ``get``), else ``get_accumulate``.
         Default ``$HPCPS_RMA_READ``, else auto.
     progress_timeout: seconds a wait may see no progress (a stopped or stuck rank) before it
-        raises ``hpcps.errors.StalledError`` naming what it waited for, which ends the job; 0
+        raises ``hpcps.core.errors.StalledError`` naming what it waited for, which ends the job; 0
         waits forever. Default ``$HPCPS_PROGRESS_TIMEOUT``, else 600.
     ps_layout: which ranks become PS (``hpcps.core.layout.place_ps``): ``"spread"`` (round
         robin over nodes, highest local ranks first) or ``"last"`` (the highest world ranks:

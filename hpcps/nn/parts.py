@@ -4,7 +4,7 @@ own table of its own dim. Worker ranks; local."""
 
 import torch
 
-from .nn import ShardedEmbeddingCollection
+from .sharded import ShardedEmbeddingCollection
 
 __all__ = ["ShardedEmbeddingParts"]
 

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import torch
 
-from .nn import ShardedEmbeddingBag, _gather, same_arrays
+from .sharded import ShardedEmbeddingBag, _gather, same_arrays
 
 __all__ = ["DynamicEmbeddingCollection"]
 

@@ -12,9 +12,9 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from . import optim
-from .sparse import EmbeddingTable, initial_rows
-from .context import init
+from ..core import optimizers as optim
+from ..sparse import EmbeddingTable, initial_rows
+from ..runtime.context import init
 
 __all__ = ["run_demo"]
 

@@ -20,8 +20,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .sparse.pipeline import CommThread, PushBatch
-from .sparse.validate import as_id_rows, grads_ok
+from ..sparse.pipeline import CommThread, PushBatch
+from ..sparse.validate import as_id_rows, grads_ok
 
 __all__ = ["IdPlan", "ShardedEmbeddingBag", "ShardedEmbeddingCollection"]
 

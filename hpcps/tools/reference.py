@@ -12,14 +12,14 @@ torch only offers densely. Local; imports no MPI.
 import numpy as np
 import torch
 
-from .config import Config
-from .data import make_data
-from .core.ids import initial_rows
-from .core.optimizers import SGD, Adagrad, Adam, new_state
-from .models import embedding_penalty
-from .models.linear import linear_params
-from .train import build_model, dense_optimizer, dense_schedule, table_parts, total_steps
-from .train.build import part_optimizer
+from ..config import Config
+from ..data import make_data
+from ..core.ids import initial_rows
+from ..core.optimizers import SGD, Adagrad, Adam, new_state
+from ..models import embedding_penalty
+from ..models.linear import linear_params
+from ..train import build_model, dense_optimizer, dense_schedule, table_parts, total_steps
+from ..train.build import part_optimizer
 
 __all__ = ["train_reference"]
 

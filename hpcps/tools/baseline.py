@@ -11,8 +11,8 @@ import time
 import numpy as np
 import torch
 
-from .data import make_data
-from .metrics import auc, logloss, mae, rmse
+from ..data import make_data
+from ..core.metrics import auc, logloss, mae, rmse
 
 __all__ = ["run_baseline"]
 

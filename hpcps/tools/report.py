@@ -14,7 +14,7 @@ Agg backend). Local; no MPI.
 import json
 from pathlib import Path
 
-from .monitor.plots import monitor_lines, plot_monitor
+from ..monitor.plots import monitor_lines, plot_monitor
 
 __all__ = ["load_metrics", "write_report"]
 

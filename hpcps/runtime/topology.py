@@ -3,7 +3,7 @@
 :class:`Topology` splits the world communicator into a PS group and a worker
 group, finds the ranks of this node (MPI shared-memory communicator) and the
 CPUs they may use, and picks how waiting ranks wait (``hpcps.core.wait``). It
-knows nothing of tables or of the step protocol: :class:`hpcps.context.Context`
+knows nothing of tables or of the step protocol: :class:`hpcps.runtime.context.Context`
 adds those on top.
 """
 
@@ -15,8 +15,8 @@ import traceback
 
 from mpi4py import MPI
 
-from .core import wait as _wait
-from .core.layout import place_ps
+from ..core import wait as _wait
+from ..core.layout import place_ps
 
 __all__ = ["Topology", "abort_on_uncaught", "ABORT_GRACE_S"]
 
