@@ -31,7 +31,7 @@ _LAZY = {"init": ("hpcps.runtime.context", "init"), "Context": ("hpcps.runtime.c
          "EmbeddingTable": ("hpcps.sparse.table", "EmbeddingTable"),
          "DynamicEmbeddingTable": ("hpcps.sparse.dynamic", "DynamicEmbeddingTable"), "push_many": ("hpcps.sparse.push", "push_many"),
          "initial_rows": ("hpcps.core.ids", "initial_rows"), "prepare_process": ("hpcps.core.process", "prepare_process"),
-         "optim": ("hpcps.core.optimizers", None), "DenseSync": ("hpcps.dense", "DenseSync"), "nn": ("hpcps.nn", None),
+         "optim": ("hpcps.optim", None), "DenseSync": ("hpcps.dense", "DenseSync"), "nn": ("hpcps.nn", None),
          "models": ("hpcps.models", None)}
 
 

@@ -21,6 +21,7 @@ LAYERS = [
     ("hpcps.dense", ["hpcps.dense", "hpcps.core"]),
     ("hpcps.runtime.context", ["hpcps.runtime.topology", "hpcps.sparse", "hpcps.core"]),
     ("hpcps.runtime", []),
+    ("hpcps.optim", ["hpcps.core"]),                 # the public name of the sparse optimizers
     ("hpcps.models", ["hpcps.models"]),
     ("hpcps.nn", ["hpcps.nn", "hpcps.sparse", "hpcps.core"]),
     ("hpcps.data", ["hpcps.data", "hpcps.core"]),
@@ -46,7 +47,7 @@ PURE = ["hpcps", "hpcps.config", "hpcps.core.ids", "hpcps.core.sharding", "hpcps
         "hpcps.core.settings", "hpcps.core.layout", "hpcps.core.wait", "hpcps.core.malloc", "hpcps.core.process",
         "hpcps.core.inputs", "hpcps.core.hashindex", "hpcps.core.dynshard",
         "hpcps.core.metrics", "hpcps.core.errors", "hpcps.runtime", "hpcps.runtime.stopping", "hpcps.tools",
-        "hpcps.data", "hpcps.models", "hpcps.tools.baseline", "hpcps.tune",
+        "hpcps.data", "hpcps.models", "hpcps.optim", "hpcps.tools.baseline", "hpcps.tune",
         "hpcps.monitor", "hpcps.monitor.probe", "hpcps.monitor.fields", "hpcps.monitor.rules", "hpcps.monitor.plots"]
 
 
@@ -149,5 +150,18 @@ def test_the_table_layers_do_not_import_torch(module):
     """A program of tables alone (and every test launch of one) does not pay torch's import:
     seconds a rank on an oversubscribed node; the PS's optimizers import it when they first apply."""
     code = f"import sys, {module}; assert 'torch' not in sys.modules"
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+
+
+def test_the_public_names_outlive_the_regrouping():
+    """What README and docs/api.md show a user importing still imports, after the loose modules
+    moved into packages (issue 52): the face's names, ``hpcps.optim`` as a module, ``hpcps.nn``."""
+    code = ("import hpcps, hpcps.optim, hpcps.nn\n"
+            "from hpcps.optim import SGD, Adagrad, Adam, FTRL, LRSchedule\n"
+            "from hpcps.nn import ShardedEmbeddingBag, ShardedEmbeddingCollection, IdPlan\n"
+            "assert hpcps.optim.Adagrad is Adagrad and hpcps.init.__module__ == 'hpcps.runtime.context'\n"
+            "assert hpcps.HpcpsError.__module__ == 'hpcps.core.errors' and hpcps.nn.ShardedEmbeddingBag is ShardedEmbeddingBag\n"
+            "assert {'EmbeddingTable', 'DenseSync', 'models', 'prepare_process'} <= set(dir(hpcps))")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
