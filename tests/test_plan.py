@@ -168,7 +168,7 @@ def test_costs_are_timed_on_one_thread_until_stable_and_a_busy_machine_is_warned
     monkeypatch.setattr(costs_mod, "_dense", lambda cfg, b: 1e-5)
     monkeypatch.setattr(costs_mod, "_draw", lambda cfg: 1e-6)
     slow = iter([0.003, 0.001] + [0.003] * 40)      # the untimed warm-up, one fast call, then a busy machine
-    monkeypatch.setattr(costs_mod, "_apply", lambda cfg, dim: costs_mod._best(lambda: time_sleep(next(slow))))
+    monkeypatch.setattr(costs_mod, "_apply", lambda cfg, dim: costs_mod._best(lambda: spend_cpu(next(slow))))
     got = costs_mod.measure(load_config(ROOT / "tests" / "configs" / "tiny_ctr.toml", [], environ={}))
     assert set(seen) == {1} and 0.001 <= got.apply_s_per_row < 0.002 and got.spread > 0.25
     monkeypatch.setattr(costs_mod, "measure", lambda cfg: got)
@@ -178,7 +178,7 @@ def test_costs_are_timed_on_one_thread_until_stable_and_a_busy_machine_is_warned
     assert json.loads(out.out.splitlines()[-1])["plan"]["costs"]["spread"] == got.spread
 
 
-def time_sleep(s):
+def spend_cpu(s):
     """``s`` seconds of this thread's CPU (the costs time CPU work by the thread's CPU clock)."""
     import time
     t = time.thread_time()
@@ -196,6 +196,6 @@ def test_cpu_costs_leave_out_the_time_other_processes_hold_the_cpu():
 
     def work_and_wait():
         time.sleep(0.03)
-        time_sleep(0.002)
+        spend_cpu(0.002)
     assert 0.0015 < costs_mod._best(work_and_wait, 3) < 0.01
     assert costs_mod._best(lambda: time.sleep(0.03), 3, clock=time.perf_counter) >= 0.03

@@ -178,8 +178,8 @@ class Monitor:
                      **({"alerts": str(len(self.active))} if self.active else {})}
 
     def _raise(self, step: int, alerts: list) -> None:
-        now = {(a["rule"], a["rank"]) for a in alerts}
-        pending, self.pending = self.pending, {k for k in now if k[0] in SUSTAINED}
+        found = {(a["rule"], a["rank"]) for a in alerts}
+        pending, self.pending = self.pending, {k for k in found if k[0] in SUSTAINED}
         alerts = [a for a in alerts if a["rule"] not in SUSTAINED or (a["rule"], a["rank"]) in pending]
         now = {(a["rule"], a["rank"]) for a in alerts}
         for a in alerts:

@@ -5,7 +5,7 @@ file lock, so several processes, e.g. the tasks of a Slurm job array on a shared
 one study, and a search started again goes on with it). TPE proposes each trial's values; the
 median pruner ends a trial whose n-th evaluation (from the third on) falls below the median of the
 earlier trials' n-th. A search stops once the study holds ``tune.trials`` finished (complete or pruned)
-trials. A trial left RUNNING by a killed search (no heartbeat for :data:`STALE_S`, or its process
+trials. A trial left RUNNING by a killed search (neither a heartbeat nor its start for :data:`STALE_S`, or its process
 gone from this host) is marked failed and its values are tried again first. After each search the
 study's trials table, best config and plot are written again (:mod:`hpcps.tune.report`). A new
 study's first trial is the config's own values (:func:`own_values`). Local:
