@@ -93,8 +93,8 @@ def test_a_dynamic_table_across_hosts_equals_a_one_process_reference():
 
 
 OPTIMIZERS = [["optimizer.sparse.name=sgd", "optimizer.sparse.lr=0.2"],
-              ["optimizer.sparse.name=momentum", "optimizer.sparse.lr=0.2"],
-              ["optimizer.sparse.name=adagrad", "optimizer.sparse.eps=1e-3"],
+              ["optimizer.sparse.name=momentum", "optimizer.sparse.lr=0.2", "job.rma_read=get"],
+              ["optimizer.sparse.name=adagrad", "optimizer.sparse.eps=1e-3", "job.rma_read=get_accumulate"],
               ["optimizer.sparse.name=rowwise_adagrad", "optimizer.sparse.lr=0.2"],
               ["optimizer.sparse.name=adam", "optimizer.sparse.lr=0.05"]]
 
@@ -122,6 +122,8 @@ def test_sync_with_the_ps_on_another_host_equals_one_process(ps_on_another_host,
     lay = f["layout"]
     assert lay["hosts"] == 2 and lay["ps_per_host"] == [0, 1] and lay["ranks_per_host"] == [2, 1]
     assert all(w["shm_ps"] == [] and w["rma_ps"] == [0] for w in lay["workers"])
+    # no RDMA device here: pulls from the other host by messages (job.rma_read = auto), or by RMA
+    assert lay["remote"] == ("RMA" if any(s.startswith("job.rma_read=get") for s in sets) else "messages")
     _assert_close_to_reference(d / f"{name}.npz", sets)
 
 

@@ -43,7 +43,7 @@ def batched(request, tmp_path_factory):
 
 @pytest.mark.impi
 @pytest.mark.openmpi
-@pytest.mark.parametrize("n,num_ps,transport", [(2, 1, "auto"), (3, 1, "rma"), (4, 2, "auto"), (5, 2, "rma")])
+@pytest.mark.parametrize("n,num_ps,transport", [(2, 1, "auto"), (3, 1, "rma"), (4, 2, "auto"), (5, 2, "rma/messages")])
 def test_pulls_equal_initial_rows(batched, request, n, num_ps, transport):
     assert batched[request.node.name][0][0].count("OK rank") == n
 
@@ -134,14 +134,14 @@ def test_num_ps_from_environment():
 
 
 @pytest.mark.parametrize("n,num_ps,transport,opt", [(3, 1, "auto", "sgd"), (3, 1, "rma", "adagrad"),
-                                                     (4, 2, "rma", "sgd"), (4, 2, "auto", "adagrad")])
+                                                     (4, 2, "rma/messages", "sgd"), (4, 2, "auto", "adagrad")])
 def test_prefetch_before_other_workers_pushes_is_refreshed_exactly(batched, request, n, num_ps, transport, opt):
     assert batched[request.node.name][0][0].count("OK worker") == 2
 
 
 @pytest.mark.parametrize("n,num_ps,transport,dtype,opt", [(3, 1, "auto", "bfloat16", "sgd"),
                                                           (3, 1, "rma", "float16", "adam"),
-                                                          (4, 2, "rma", "bfloat16", "adam"),
+                                                          (4, 2, "rma/messages", "bfloat16", "adam"),
                                                           (4, 2, "auto", "float16", "sgd")])
 def test_16_bit_pulls_are_the_rounded_rows_and_follow_updates(batched, request, n, num_ps, transport, dtype, opt):
     assert batched[request.node.name][0][0].count("OK worker") == 2

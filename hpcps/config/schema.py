@@ -34,7 +34,7 @@ class JobConfig:
     export_best: bool = False   # job.export writes the best checkpoint's weights (checkpoint.keep_best)
     restore_best: bool = True   # at the end, the model becomes the best evaluation's (its checkpoint.keep_best checkpoint)
     wait: str = "auto"          # how waiting ranks wait: auto | yield | sleep (auto: sleep if the node is oversubscribed)
-    rma_read: str = "auto"   # remote pulls: auto | get_accumulate (atomic per element) | get (faster)
+    rma_read: str = "auto"   # pulls from other nodes: auto | get_accumulate (atomic per element) | get | messages (the PS answers)
     mpi_threads: str = "serialized"   # MPI thread level: single | funneled | serialized | multiple
     malloc_tune: bool = True    # restart with glibc's tcache off, trim the heap, keep freed pages (hpcps.core.malloc)
     step_delay: float = 0.0     # seconds each worker sleeps per step (demos and fault tests)

@@ -23,7 +23,7 @@ import sys
 from . import malloc
 from .settings import THREAD_LEVELS
 
-__all__ = ["prepare_process", "mpi_settings"]
+__all__ = ["prepare_process", "mpi_settings", "has_rdma"]
 
 _RDMA_DEVICES = "/sys/class/infiniband"
 
@@ -35,13 +35,17 @@ def mpi_settings(environ=os.environ, rdma_devices: str = _RDMA_DEVICES) -> dict:
     every rank at start and is not used anyway, so where ``rdma_devices`` lists none,
     ``OMPI_MCA_osc=^ucx`` (MPICH ignores the variable). Local, pure."""
     out = {}
-    try:
-        has_rdma = bool(os.listdir(rdma_devices))
-    except OSError:
-        has_rdma = False
-    if "OMPI_MCA_osc" not in environ and not has_rdma:
+    if "OMPI_MCA_osc" not in environ and not has_rdma(rdma_devices):
         out["OMPI_MCA_osc"] = "^ucx"
     return out
+
+
+def has_rdma(rdma_devices: str = _RDMA_DEVICES) -> bool:
+    """Whether this node lists an RDMA device (``/sys/class/infiniband``). Local."""
+    try:
+        return bool(os.listdir(rdma_devices))
+    except OSError:
+        return False
 
 
 def prepare_process(thread_level: str | None = "serialized", malloc_tune: bool = True, restart: bool = True) -> str:

@@ -6,7 +6,8 @@ __all__ = ["F32_MAX", "parse_mode", "TRANSPORTS", "ROW_DTYPES", "RMA_READS", "WA
 
 TRANSPORTS = ("auto", "rma")        # auto: shared memory on the node, RMA across nodes; rma: RMA everywhere
 ROW_DTYPES = ("float32", "bfloat16", "float16")     # what rows (pull_dtype) and gradients (push_dtype) travel as
-RMA_READS = ("auto", "get_accumulate", "get")       # how a remote pull reads (get: faster, not atomic per element)
+RMA_READS = ("auto", "get_accumulate", "get", "messages")   # how a remote pull reads (get: faster, not atomic per
+                                                            # element; messages: two-sided, hpcps.sparse.pull_server)
 WAIT_POLICIES = ("auto", "yield", "sleep")          # how a waiting rank waits (hpcps.core.wait)
 THREAD_LEVELS = ("single", "funneled", "serialized", "multiple")    # MPI thread level asked for at start
 SHARDINGS = ("modulo", "range")                     # row placements by name (hpcps.core.sharding)

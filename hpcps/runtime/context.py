@@ -16,10 +16,12 @@ from ..core import malloc as _malloc
 from ..core import wait as _wait
 from ..core.layout import PS_LAYOUTS, check_launch, check_num_ps
 from ..core.locks import ShardLocks
+from ..core.process import has_rdma
 from ..core.settings import RMA_READS, TRANSPORTS, WAIT_POLICIES, parse_mode
 from ..core.window import window_kind
 from ..core.errors import FreedError, RoleError
 from ..sparse.control import StepControl
+from ..sparse.pull_server import PullServer
 from .topology import Topology, abort_on_uncaught
 
 __all__ = ["init", "Context", "open_contexts"]
@@ -51,12 +53,15 @@ def init(num_ps: int | None = None, comm: MPI.Comm | None = None, *,
     wait: how a waiting rank waits (``hpcps.core.wait``): ``"auto"``, ``"yield"`` or
         ``"sleep"``. Default ``$HPCPS_WAIT``, else auto (sleep where the node's ranks
         outnumber its CPUs).
-    rma_read: how a pull reads a remote shard: ``"get_accumulate"`` (atomic per element
-        under the MPI standard) or ``"get"`` (faster; safe where the MPI's reads of
-        aligned floats are not torn); ``"auto"``: ``get`` where windows are made with
-        ``Win.Create`` (Open MPI across nodes, ``hpcps.core.window``: its ``osc/rdma`` reads a
-        many-row ``Get_accumulate`` a row at a time under the target's lock, 1.3-1.6 s a pull of
-        the main job across pretend hosts, against 25 ms by ``get``), else ``get_accumulate``.
+    rma_read: how a pull reads a shard on another node: ``"get_accumulate"`` (atomic per
+        element under the MPI standard), ``"get"`` (faster; safe where the MPI's reads of aligned
+        floats are not torn) or ``"messages"`` (the worker asks the owning PS, which answers from
+        its serve loop: ``hpcps.sparse.pull_server``). ``"auto"``: ``messages`` where the ranks
+        span several nodes and some node lists no RDMA device (``/sys/class/infiniband``): over
+        TCP one-sided reads are emulated (Open MPI's ``osc/rdma`` sends an active message per row,
+        MPICH's need the target in MPI): messages made the main job across pretend hosts faster
+        under both (docs/benchmarks.md, "MPI libraries"). Else ``get`` where windows are made with
+        ``Win.Create`` (its many-row ``Get_accumulate`` took 1.3-1.6 s), else ``get_accumulate``.
         Default ``$HPCPS_RMA_READ``, else auto.
     progress_timeout: seconds a wait may see no progress (a stopped or stuck rank) before it
         raises ``hpcps.core.errors.StalledError`` naming what it waited for, which ends the job; 0
@@ -138,8 +143,14 @@ class Context(Topology):
         self.rows_applied = 0      # PS: rows its applies updated
         self._resources = []       # freed collectively in finalize, after the tables
         self.window_kind = window_kind(world)      # how its windows are made (hpcps.core.window)
+        # every node lists an RDMA device: Open MPI's one-sided operations between nodes are real
+        self.rdma = bool(world.allreduce(has_rdma(), op=MPI.LAND))
         self.rma_read = self.resolve_rma_read(rma_read)
         self.control = StepControl(self, mode)
+        # rma_read = "messages": the PS ranks answer the fixed tables' pulls from their serve loop
+        self.pull_server = PullServer(self) if self.rma_read == "messages" else None
+        if self.pull_server is not None:
+            self.add_resource(self.pull_server)
         # one lock (and one count of staged pushes) per PS for all its tables: a worker pushes a
         # step's gradients of every table under one acquisition (hpcps.sparse.push.push_many)
         self.shard_locks = ShardLocks(world, self.is_ps, what="shards")
@@ -148,6 +159,8 @@ class Context(Topology):
         """``rma_read`` with ``auto`` resolved for this job's windows (:func:`init`). Local."""
         if rma_read != "auto":
             return rma_read
+        if len(set(self.node_of_rank)) > 1 and not self.rdma:
+            return "messages"
         return "get" if self.window_kind == "create" else "get_accumulate"
 
     # -- what lives as long as the context ---------------------------------

@@ -55,10 +55,13 @@ class DynamicReceiving:
         for ``job.progress_timeout`` raises ``StalledError`` saying ``what``. Local."""
         status, misses, started = MPI.Status(), 0, time.monotonic()
         what = what or (lambda: f"table {self.name!r}: PS {self.ctx.ps_rank} waits for the workers' messages")
-        while not done():
+        pulls = self.ctx.pull_server                 # the fixed tables' pulls by messages, if any:
+        while not done():                            # a worker may wait for one before it pushes here
             if self.comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status):
                 self._handle(status)
                 misses, started = 0, time.monotonic()
+                continue
+            if pulls is not None and pulls.serve():
                 continue
             misses += 1
             _wait.overdue(started, misses, what)

@@ -5,7 +5,8 @@ every shard is in this node's shared memory, a numpy gather straight from it
 (:func:`gather_node`); else deduplicate, place each id (``table.sharding``:
 owner PS, row in its shard), gather the rows of PS ranks on this node, and
 issue one ``MPI_Rget_accumulate(NO_OP)`` (or ``MPI_Rget``, ``rma_read="get"``)
-per remote owner with an indexed datatype -> :meth:`PullHandle.wait`
+per remote owner with an indexed datatype (or, ``rma_read="messages"``, ask the owner for them:
+``pull_server.py``) -> :meth:`PullHandle.wait`
 completes them and scatters back through the inverse.
 """
 
@@ -49,7 +50,8 @@ class PullHandle:
         if not self._done:
             complete([req for req, _, _, _ in self._pending])
             for _, dtype, into, buf in self._pending:
-                dtype.Free()
+                if dtype is not None:           # (a pull by messages has none)
+                    dtype.Free()
                 into(buf)
             self._pending.clear()
             self._done = True
@@ -95,6 +97,10 @@ def pull_async(table, ids, full: bool = False) -> PullHandle:
         st.bytes_per_ps[p] += sel.size * row_bytes
         if views[p] is not None:
             rows[sel] = np.take(views[p], local[sel], axis=0)
+            continue
+        if table.rma_read == "messages":               # the PS answers (hpcps.sparse.pull_server)
+            req, buf = table.ctx.pull_server.request(table, p, local[sel], half is not None, npt)
+            pending.append((req, None, lambda b, sel=sel: rows.__setitem__(sel, b), buf))
             continue
         rank = table.ctx.ps_world_ranks[p]
         buf = np.empty((sel.size, dim), dtype=npt)

@@ -84,6 +84,9 @@ def check_args(ctx, name, num_rows, dim, optimizer, transport, pull_dtype, push_
         rma_read = ctx.resolve_rma_read(rma_read)
     if rma_read not in RMA_READS:
         raise ValueError(f"table {name!r}: rma_read must be one of {RMA_READS}, got {rma_read!r}")
+    if rma_read == "messages" and ctx.pull_server is None:
+        raise ValueError(f"table {name!r}: rma_read 'messages' needs a context made with rma_read = 'messages' "
+                         f"(this one's is {ctx.rma_read!r}): its PS ranks serve pulls only then")
     return optimizer, transport, rma_read
 
 

@@ -4,7 +4,7 @@
 the rows' window and puts the parts together; each part owns its windows and
 frees what it made:
 
-- ``pull.py``: the pull path (shared-memory gathers, RMA gets);
+- ``pull.py``: the pull path (shared-memory gathers, RMA gets; ``pull_server.py``: pulls by messages);
 - ``push.py``: the push path and its transports (slab, staged rows, mailbox, RMA);
 - ``staging.py``: the staged gradients, and the PS's drain and apply;
 - ``codec.py``: 16-bit rows and gradients (the PS's 16-bit copy);
@@ -141,6 +141,8 @@ class EmbeddingTable(Checkpointable):
         self.stateful = (optimizer.stateful or pull_dtype != "float32" or push_dtype != "float32"
                          or ctx.deterministic)
         self._allocate()
+        # its number in message pulls (rma_read = "messages": hpcps.sparse.pull_server)
+        self.pull_number = ctx.pull_server.register(self) if ctx.pull_server is not None else -1
         if ctx.is_worker or self.stateful:      # torch does the adds: import it now, not mid-training
             torch_module()
         ctx.world.Barrier()                     # rows exist before anyone pulls
@@ -224,7 +226,10 @@ class EmbeddingTable(Checkpointable):
         if not self.ctx.is_worker:
             raise RoleError(f"table {self.name!r}: {what}() is for worker ranks, not PS ranks")
 
-    remote = "RMA"                      # how a worker reaches the other PS ranks (the layout line)
+    @property
+    def remote(self) -> str:
+        """How a worker reaches the PS ranks on other nodes (the layout line): ``RMA`` or ``messages``. Local."""
+        return "messages" if self.rma_read == "messages" else "RMA"
 
     @property
     def shared_memory_ps(self) -> list[int]:
@@ -370,6 +375,8 @@ class EmbeddingTable(Checkpointable):
             if part is not None:
                 part.free()
         self.rows.free()
+        if self.ctx.pull_server is not None:
+            self.ctx.pull_server.forget(self.pull_number)
         self.ctx.forget(self)
 
     @property

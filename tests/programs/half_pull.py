@@ -1,7 +1,7 @@
 """16-bit pulls: the rows a worker gets are the float32 rows rounded to bfloat16 / float16,
 before and after updates, over shared memory and RMA.
 
-Usage: half_pull.py NUM_PS TRANSPORT DTYPE OPTIMIZER (sgd | adam)
+Usage: half_pull.py NUM_PS TRANSPORT[/RMA_READ] DTYPE OPTIMIZER (sgd | adam)
 """
 import sys
 
@@ -12,7 +12,8 @@ import hpcps
 
 hpcps.prepare_process()       # before MPI starts (README, "Python API")
 
-num_ps, transport, dtype, opt_name = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+num_ps, dtype, opt_name = int(sys.argv[1]), sys.argv[3], sys.argv[4]
+transport, _, rma_read = sys.argv[2].partition("/")       # e.g. rma/messages: remote pulls by messages
 N, D = 500, 8
 opt = hpcps.optim.SGD(lr=0.3) if opt_name == "sgd" else hpcps.optim.Adam(lr=0.05)
 tdt = {"bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
@@ -22,7 +23,7 @@ def rounded(x):
     return torch.from_numpy(x).to(tdt).to(torch.float32).numpy()
 
 
-with hpcps.init(num_ps=num_ps, transport=transport, mode="sync") as ctx:
+with hpcps.init(num_ps=num_ps, transport=transport, mode="sync", rma_read=rma_read or None) as ctx:
     t = hpcps.EmbeddingTable(ctx, "emb", N, D, optimizer=opt, pull_dtype=dtype)
     if ctx.is_ps:
         ctx.serve()

@@ -1,6 +1,6 @@
 """A prefetch issued before another worker's pushes of the same step is refreshed exactly.
 
-Usage: prefetch_refresh.py NUM_PS TRANSPORT OPTIMIZER (sgd | adagrad), 2 workers, sync mode.
+Usage: prefetch_refresh.py NUM_PS TRANSPORT[/RMA_READ] OPTIMIZER (sgd | adagrad), 2 workers, sync mode.
 Step 1: worker 0 prefetches rows 0..59 for step 2 (comm thread on), then worker 1 pushes
 rows 40..79. At step 2 worker 0's forward must see worker 1's update: rows 40..59 are
 pulled again (stamped 2 = step 1 + 1), rows 0..39 are used as prefetched. The same
@@ -18,11 +18,12 @@ from hpcps.nn import ShardedEmbeddingBag  # noqa: E402
 from hpcps.sparse.pipeline import CommThread, RowCache  # noqa: E402
 
 
-num_ps, transport, opt_name = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+num_ps, opt_name = int(sys.argv[1]), sys.argv[3]
+transport, _, rma_read = sys.argv[2].partition("/")       # e.g. rma/messages: remote pulls by messages
 N, D = 200, 4
 opt = hpcps.optim.SGD(lr=0.5) if opt_name == "sgd" else hpcps.optim.Adagrad(lr=0.5)
 
-with hpcps.init(num_ps=num_ps, transport=transport, mode="sync") as ctx:
+with hpcps.init(num_ps=num_ps, transport=transport, mode="sync", rma_read=rma_read or None) as ctx:
     t = hpcps.EmbeddingTable(ctx, "emb", N, D, optimizer=opt, track_versions=True)
     if ctx.is_ps:
         ctx.serve()

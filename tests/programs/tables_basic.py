@@ -1,4 +1,4 @@
-"""Pulls equal the initial rows; API contract checks. Usage: tables_basic.py NUM_PS TRANSPORT OUT.npy"""
+"""Pulls equal the initial rows; API contract checks. Usage: tables_basic.py NUM_PS TRANSPORT[/RMA_READ] OUT.npy"""
 import sys
 
 import numpy as np
@@ -10,10 +10,11 @@ from hpcps.core.errors import FreedError, RoleError  # noqa: E402
 
 from mpi4py import MPI  # noqa: E402
 
-num_ps, transport, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+num_ps, out = int(sys.argv[1]), sys.argv[3]
+transport, _, rma_read = sys.argv[2].partition("/")       # e.g. rma/messages: remote pulls by messages
 N, D, SEED = 1003, 8, 7
 
-ctx = hpcps.init(num_ps=num_ps, transport=transport)
+ctx = hpcps.init(num_ps=num_ps, transport=transport, rma_read=rma_read or None)
 assert ctx.is_ps != ctx.is_worker
 assert ctx.num_ps == num_ps and ctx.num_workers == ctx.world.Get_size() - num_ps
 if ctx.is_ps:
@@ -23,7 +24,14 @@ else:
     assert ctx.ps_comm == MPI.COMM_NULL and ctx.worker_comm.Get_size() == ctx.num_workers
     assert 0 <= ctx.worker_rank < ctx.num_workers and ctx.ps_rank == -1
 
+if rma_read != "messages":      # a table cannot pull by messages where the PS ranks do not serve them
+    try:
+        hpcps.EmbeddingTable(ctx, "x", 10, 3, rma_read="messages")
+        raise AssertionError("rma_read='messages' on a context without it must raise")
+    except ValueError as e:
+        assert "needs a context made with rma_read = 'messages'" in str(e), e
 t = hpcps.EmbeddingTable(ctx, "items", N, D, optimizer=hpcps.optim.SGD(lr=0.1), seed=SEED)
+assert t.remote == ("messages" if rma_read == "messages" else "RMA")
 other = hpcps.EmbeddingTable(ctx, "users", 10, 3, seed=SEED)
 tmp = hpcps.EmbeddingTable(ctx, "tmp", 10, 3)
 tmp.free()                                                   # collective: every rank, same point
