@@ -18,6 +18,7 @@ the rows are those an RMA read at the same point of the step protocol gives.
 """
 
 import itertools
+import threading
 
 import numpy as np
 from mpi4py import MPI
@@ -37,7 +38,8 @@ class PullServer:
         self._tables = {}                   # table number -> table (every rank numbers them alike)
         self._numbers = itertools.count()
         self._tags = itertools.count()      # worker: the reply tag of its next request
-        self._sends = []                    # (request, buffer) still in flight
+        self._sends = []                    # (request, buffer) still in flight: a buffer lives until its send is done
+        self._lock = threading.Lock()       # worker: the comm thread and the main thread both send
         if ctx.is_ps:
             ctx.add_service_hook(self.serve, "serve")
 
@@ -62,9 +64,11 @@ class PullServer:
         recv = self.comm.Irecv(buf, source=rank, tag=tag)
         head = np.array([table.pull_number, int(half), tag, rows.size], np.int64)
         msg = np.concatenate([head, np.asarray(rows, np.int64)])
-        self._sends.append((self.comm.Isend(msg, dest=rank, tag=_REQUEST), msg))
+        send = self.comm.Isend(msg, dest=rank, tag=_REQUEST)
         self.ctx.control.ring(rank)         # a PS asleep on its doorbell looks now
-        self._prune()
+        with self._lock:
+            self._sends.append((send, msg))
+            self._prune()
         return recv, buf
 
     # ------------------------------------------------------------ PS side
@@ -86,12 +90,16 @@ class PullServer:
                 table.rows.sync()           # pushes other ranks accumulated into it are seen
                 shard = table.shard()
             reply = np.take(shard, raw[4:4 + n], axis=0)
-            self._sends.append((self.comm.Isend(reply, dest=src, tag=tag), reply))
+            send = self.comm.Isend(reply, dest=src, tag=tag)
+            with self._lock:
+                self._sends.append((send, reply))
             worked = True
-        self._prune()
+        with self._lock:
+            self._prune()
         return worked
 
     def _prune(self) -> None:
+        """Drop the sends that completed (their buffers with them); under ``_lock``. Local."""
         self._sends = [s for s in self._sends if not s[0].Test()]
 
     def free(self) -> None:
@@ -99,6 +107,7 @@ class PullServer:
         safe twice."""
         if self.comm == MPI.COMM_NULL:
             return
-        MPI.Request.Waitall([r for r, _ in self._sends])
-        self._sends = []
+        with self._lock:
+            MPI.Request.Waitall([r for r, _ in self._sends])
+            self._sends = []
         self.comm.Free()
