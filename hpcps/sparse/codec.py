@@ -56,9 +56,13 @@ class HalfCopy:
         """Worker: map the copies of the PS ranks in ``ranks`` (None: not on this node). Local."""
         self.views = self.window.map_shared(ranks, sizes, np.uint16, self.dim)
 
+    def local(self) -> np.ndarray:
+        """PS: its 16-bit copy as a writable ``(shard_rows, dim)`` uint16 view (bit patterns). Local."""
+        return self.window.local(np.uint16).reshape(-1, self.dim)
+
     def refresh(self, shard: np.ndarray, rows: np.ndarray | None = None) -> None:
         """PS: copy ``rows`` of the float32 ``shard`` (all when None) into the 16-bit copy. Local."""
-        half = self.window.local(np.uint16).reshape(-1, self.dim)
+        half = self.local()
         if rows is None:
             for start in range(0, shard.shape[0], _CHUNK_ROWS):
                 half[start:start + _CHUNK_ROWS] = narrow(shard[start:start + _CHUNK_ROWS], self.dtype)

@@ -99,7 +99,7 @@ def pull_async(table, ids, full: bool = False) -> PullHandle:
             rows[sel] = np.take(views[p], local[sel], axis=0)
             continue
         if table.rma_read == "messages":               # the PS answers (hpcps.sparse.pull_server)
-            req, buf = table.ctx.pull_server.request(table, p, local[sel], half is not None, npt)
+            req, buf = table.ctx.pull_server.request(table, p, local[sel], half is not None)
             pending.append((req, None, lambda b, sel=sel: rows.__setitem__(sel, b), buf))
             continue
         rank = table.ctx.ps_world_ranks[p]

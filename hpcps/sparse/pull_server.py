@@ -54,13 +54,13 @@ class PullServer:
         self._tables.pop(number, None)
 
     # ------------------------------------------------------------ worker side
-    def request(self, table, p: int, rows: np.ndarray, half: bool, npt) -> tuple:
+    def request(self, table, p: int, rows: np.ndarray, half: bool) -> tuple:
         """Worker: ask PS ``p`` for its shard rows ``rows`` of ``table`` (its 16-bit copy when
         ``half``). Returns ``(receive request, buffer)``: the rows are in the buffer once the
         request completed. Local (two messages; the PS answers from its serve loop)."""
         rank = self.ctx.ps_world_ranks[p]
         tag = _FIRST_REPLY + next(self._tags) % _REPLY_TAGS
-        buf = np.empty((rows.size, table.dim), npt)
+        buf = np.empty((rows.size, table.dim), np.uint16 if half else np.float32)
         recv = self.comm.Irecv(buf, source=rank, tag=tag)
         head = np.array([table.pull_number, int(half), tag, rows.size], np.int64)
         msg = np.concatenate([head, np.asarray(rows, np.int64)])
@@ -85,7 +85,7 @@ class PullServer:
             number, half, tag, n = (int(x) for x in raw[:4])
             table = self._tables[number]
             if half:
-                shard = table.half.window.local(np.uint16).reshape(-1, table.dim)
+                shard = table.half.local()
             else:
                 table.rows.sync()           # pushes other ranks accumulated into it are seen
                 shard = table.shard()
