@@ -52,7 +52,7 @@ def test_tables_larger_than_the_hosts_memory_are_refused_before_any_allocation()
     from types import SimpleNamespace
     from hpcps.config import load_config
     from hpcps.data import make_data
-    from hpcps.train.build import check_table_memory
+    from hpcps.train.tables import check_table_memory
     cfg = load_config(TINY, ["model.dim=100000000", "data.rows_per_table=100000"], environ={})
     data = make_data(cfg.data, 0, 1, 0)
     ctx = SimpleNamespace(node_ranks=[0, 1, 2], ps_world_ranks=[0], num_ps=1)

@@ -187,7 +187,7 @@ def test_checkpoint_dir_that_is_a_file_is_refused(tmp_path):
 def test_local_full_every_auto_is_all_full_for_small_shards(tmp_path, sets, num_ps, want):
     from types import SimpleNamespace
 
-    from hpcps.train.build import resolve_local_full_every
+    from hpcps.train.tables import resolve_local_full_every
     cfg = load_config(ROOT / "examples" / "ctr.toml", sets + [f"checkpoint.dir={tmp_path}", "checkpoint.local_every=10",
                                                             f"checkpoint.local_dir={tmp_path / 'local'}"], environ={})
     data = SimpleNamespace(tables=[(f"cat{i}", cfg.data.rows_per_table) for i in range(cfg.data.num_tables)])
@@ -222,7 +222,7 @@ def test_epochs_auto_from_a_file_or_set_and_the_model_kinds(tmp_path):
     assert all(k in str(e.value) for k in kinds())
 
     # what a kind needs of the other keys: checked by hpcps train at start (the kind's registration says)
-    from hpcps.train.build import check_model_kind
+    from hpcps.train.tables import check_model_kind
     with pytest.raises(ValueError, match="model.dropout = 0.1: a lr model has no MLP"):
         check_model_kind(load_config(f, ["model.kind=lr", "model.dropout=0.1"], environ={}))
     with pytest.raises(ValueError, match="model.dynamic_tables = True: needs a kind of embeddings only"):

@@ -145,10 +145,12 @@ def test_source_parses_as_the_oldest_python_setup_cfg_allows():
         ast.parse(path.read_text(), str(path), feature_version=(3, 10))
 
 
-@pytest.mark.parametrize("module", ["hpcps.sparse", "hpcps.core.dynshard", "hpcps.runtime.context"])
+@pytest.mark.parametrize("module", ["hpcps.sparse", "hpcps.core.dynshard", "hpcps.runtime.context", "hpcps.models",
+                                    "hpcps.train", "hpcps.train.driver", "hpcps.train.tables"])
 def test_the_table_layers_do_not_import_torch(module):
     """A program of tables alone (and every test launch of one) does not pay torch's import:
-    seconds a rank on an oversubscribed node; the PS's optimizers import it when they first apply."""
+    seconds a rank on an oversubscribed node; the PS's optimizers import it when they first apply.
+    ``hpcps train``'s driver imports it on the workers only (a PS of plain SGD tables never does)."""
     code = f"import sys, {module}; assert 'torch' not in sys.modules"
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr

@@ -74,7 +74,7 @@ def build_sparse_optimizer(sec: SparseOptimizerSection, total_steps: int):
 def _check_model(cfg: Config) -> None:
     """The ``[model]`` checks of :func:`validate`."""
     j, d, m = cfg.job, cfg.data, cfg.model
-    # (what each kind needs of the data and the other keys: hpcps.train.build.check_model_kind)
+    # (what each kind needs of the data and the other keys: hpcps.train.tables.check_model_kind)
     _check(m.kind in MODELS, "model.kind", m.kind, f"must be one of {', '.join(MODELS)}")
     if m.kind == "mf":                          # the ratings kind; every other is a CTR kind
         _check(d.format == "ratings", "model.kind", m.kind, "mf needs data.format = ratings")

@@ -9,7 +9,6 @@ from torch import nn
 
 from .dlrm import mlp
 from .layers import CrossNetwork
-from .registry import ModelKind, register
 
 __all__ = ["DCNv2"]
 
@@ -32,6 +31,8 @@ class DCNv2(nn.Module):
         return self.mlp(self.cross(torch.cat([e.flatten(1), dense], dim=1))).squeeze(1)
 
 
-register(ModelKind("dcn", "ctr", ("deep",), lambda cfg, data, parts: DCNv2(
-    parts["deep"], len(data.tables), data.num_dense, cfg.model.dim, cfg.model.cross_layers, cfg.model.top_mlp,
-    dropout=cfg.model.dropout, cross_rank=cfg.model.cross_rank)))
+def build(cfg, data, parts) -> DCNv2:
+    """``model.kind = "dcn"`` over ``parts`` (``hpcps.models.builtin``). Local."""
+    m = cfg.model
+    return DCNv2(parts["deep"], len(data.tables), data.num_dense, m.dim, m.cross_layers, m.top_mlp,
+                 dropout=m.dropout, cross_rank=m.cross_rank)

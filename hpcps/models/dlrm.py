@@ -6,7 +6,6 @@ import torch
 from torch import nn
 
 from .layers import CrossNetwork
-from .registry import ModelKind, register
 
 __all__ = ["DLRM", "mlp", "pair_spread", "pairwise_dots"]
 
@@ -117,6 +116,8 @@ class DLRM(nn.Module):
         return self.top(top_in).squeeze(1)
 
 
-register(ModelKind("dlrm", "ctr", ("deep",), lambda cfg, data, parts: DLRM(
-    parts["deep"], data.num_dense, cfg.model.dim, cfg.model.bottom_mlp, cfg.model.top_mlp, dropout=cfg.model.dropout,
-    interaction=cfg.model.interaction, cross_layers=cfg.model.cross_layers, cross_rank=cfg.model.cross_rank)))
+def build(cfg, data, parts) -> DLRM:
+    """``model.kind = "dlrm"`` over ``parts`` (``hpcps.models.builtin``). Local."""
+    m = cfg.model
+    return DLRM(parts["deep"], data.num_dense, m.dim, m.bottom_mlp, m.top_mlp, dropout=m.dropout,
+                interaction=m.interaction, cross_layers=m.cross_layers, cross_rank=m.cross_rank)

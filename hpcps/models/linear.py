@@ -6,7 +6,6 @@ import torch
 from torch import nn
 
 from .layers import first_order
-from .registry import ModelKind, register
 
 __all__ = ["LogisticRegression", "DenseLinear", "linear_params"]
 
@@ -45,5 +44,6 @@ class LogisticRegression(nn.Module):
         return first_order(w) + self.linear(dense)
 
 
-register(ModelKind("lr", "ctr", ("wide",), lambda cfg, data, parts: LogisticRegression(parts["wide"], data.num_dense),
-                   mlps=False))
+def build(cfg, data, parts) -> LogisticRegression:
+    """``model.kind = "lr"`` over ``parts`` (``hpcps.models.builtin``). Local."""
+    return LogisticRegression(parts["wide"], data.num_dense)

@@ -3,8 +3,6 @@
 import torch
 from torch import nn
 
-from .registry import ModelKind, register
-
 __all__ = ["MatrixFactorization"]
 
 
@@ -28,14 +26,6 @@ class MatrixFactorization(nn.Module):
         return (u * i).sum(dim=1) + bu.squeeze(1) + bi.squeeze(1) + self.mu
 
 
-def _tables(cfg, data) -> list:
-    """Users' and items' factors (``model.init`` auto: normal, std 0.1) and their biases (zeros)."""
-    dim, kind, scale = cfg.model.dim, cfg.model.init, cfg.model.init_scale or 0.1
-    (_, nu), (_, ni) = data.tables
-    kind = "normal" if kind == "auto" else kind
-    return [("users", nu, dim, kind, scale), ("items", ni, dim, kind, scale), ("user_bias", nu, 1, "zeros", 0.0),
-            ("item_bias", ni, 1, "zeros", 0.0)]
-
-
-register(ModelKind("mf", "ratings", (), lambda cfg, data, tables: MatrixFactorization(
-    tables, global_bias=getattr(data, "mean_rating", 0.0)), mlps=False, tables=_tables))
+def build(cfg, data, tables) -> MatrixFactorization:
+    """``model.kind = "mf"`` over its ``tables``' modules (``hpcps.models.builtin``). Local."""
+    return MatrixFactorization(tables, global_bias=getattr(data, "mean_rating", 0.0))

@@ -2,6 +2,7 @@
 it over them. A kind is one module of this package that calls :func:`register`; nothing in
 ``hpcps.train`` names a kind. Local, pure."""
 
+import importlib
 from dataclasses import dataclass
 from typing import Callable
 
@@ -23,13 +24,23 @@ class ModelKind:
     and returns ``(B, features, dim)``. ``mlps``: whether ``model.top_mlp``/``dropout`` mean
     anything to it. ``tables(cfg, data)``: a kind whose tables are not parts over the features
     (matrix factorisation) lists them itself, ``[(name, rows, dim, init, init_scale)]``, and its
-    ``build`` gets their modules as a list, in that order."""
+    ``build`` gets their modules as a list, in that order. ``build`` may be ``"module:function"``,
+    imported on first :meth:`make` (the built-in kinds, ``hpcps.models.builtin``: a PS rank reads a
+    kind's parts and tables without importing torch)."""
     name: str
     task: str
     parts: tuple
-    build: Callable
+    build: Callable | str
     mlps: bool = True
     tables: Callable | None = None
+
+    def make(self, cfg, data, lookups):
+        """The kind's module over ``lookups`` (``build``'s arguments). Local."""
+        build = self.build
+        if isinstance(build, str):
+            module, _, name = build.partition(":")
+            build = getattr(importlib.import_module(module), name)
+        return build(cfg, data, lookups)
 
 
 _KINDS: dict = {}

@@ -10,7 +10,6 @@ from torch import nn
 from .dlrm import mlp
 from .layers import first_order, fm_interaction
 from .linear import DenseLinear
-from .registry import ModelKind, register
 
 __all__ = ["WideAndDeep"]
 
@@ -40,13 +39,13 @@ class WideAndDeep(nn.Module):
         return out + fm_interaction(e) if self.fm else out
 
 
-def _build(fm: bool):
-    def build(cfg, data, parts):
-        m = cfg.model
-        return WideAndDeep(parts["deep"], parts["wide"], len(data.tables), data.num_dense, m.dim, m.top_mlp,
-                           dropout=m.dropout, fm=fm)
-    return build
+def build(cfg, data, parts, fm: bool = False) -> WideAndDeep:
+    """``model.kind = "wide_deep"`` over ``parts`` (``hpcps.models.builtin``); ``fm``: DeepFM. Local."""
+    m = cfg.model
+    return WideAndDeep(parts["deep"], parts["wide"], len(data.tables), data.num_dense, m.dim, m.top_mlp,
+                       dropout=m.dropout, fm=fm)
 
 
-register(ModelKind("wide_deep", "ctr", ("deep", "wide"), _build(fm=False)))
-register(ModelKind("deepfm", "ctr", ("deep", "wide"), _build(fm=True)))
+def build_deepfm(cfg, data, parts) -> WideAndDeep:
+    """``model.kind = "deepfm"`` (``hpcps.models.builtin``). Local."""
+    return build(cfg, data, parts, fm=True)

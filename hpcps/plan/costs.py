@@ -59,7 +59,7 @@ def _apply(cfg, dim: int, rows: int = 1 << 20, batch: int = 4096) -> float:
     import torch
 
     from ..core.optimizers import new_state
-    from ..train.build import part_optimizer
+    from ..train.tables import part_optimizer
     opt = part_optimizer(cfg, "deep", 10)
     w = torch.zeros((rows, dim))
     state = {k: torch.from_numpy(v) for k, v in new_state(opt, rows, dim).items()}

@@ -9,7 +9,7 @@ import numpy as np
 from ..config import Config, deterministic
 from ..core.settings import mailbox_slot_bytes, mailbox_slot_rows
 from ..data.synthetic import synthetic_rows, wrapped_zipf_cdf
-from ..train.build import fused_tables, part_optimizer, table_parts
+from ..train.tables import fused_tables, part_optimizer, table_parts
 
 __all__ = ["Table", "Workload", "workload", "table_rows", "expected_unique", "describe"]
 
@@ -43,7 +43,7 @@ class Workload:
 
     def ps_bytes(self, num_ps: int, far_workers: int = 0, workers: int = 0) -> float:
         """Bytes one PS holds: its share of rows and state, the staging copy of a stateful
-        optimizer's rows (none in deterministic sync: hpcps.train.build.shard_bytes in memory),
+        optimizer's rows (none in deterministic sync: hpcps.train.tables.shard_bytes in memory),
         and the push mailboxes (:meth:`mailbox_bytes`)."""
         rows = sum(4 * t.rows * (t.dim * (2 if t.state and not self.ordered else 1) + t.state)
                    for t in self.tables) / num_ps

@@ -254,10 +254,10 @@ class Shape:
 
 
 def check_tables(cfg, shape: Shape, manifest: dict, path) -> None:
-    """The tables the input's columns give (``hpcps.train.build.table_specs``) must be the
+    """The tables the input's columns give (``hpcps.train.tables.table_specs``) must be the
     checkpoint's (names and rows, fused or not): else a ``ValueError`` naming the first
     difference. Local."""
-    from ..train.build import table_specs
+    from ..train.tables import table_specs
     have = [(name, rows) for name, rows, *_ in table_specs(cfg, shape)]
     want = [(n, r) for t in manifest["tables"] for n, r in (t.get("segments") or [[t["name"], t["num_rows"]]])]
     if have != want:

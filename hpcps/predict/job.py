@@ -16,7 +16,8 @@ from ..checkpoint import load_dense_model, read_manifest, restore_tables
 from ..config import resolve_switch
 from ..runtime.context import init
 from ..nn import ShardedEmbeddingBag
-from ..train.build import build_model, make_lookups, make_tables
+from ..train.build import build_model, make_lookups
+from ..train.tables import make_tables
 from .inputs import Shape, check_tables, index_inputs, layout_of, part_size, plan_parts
 from .output import Output
 from .reading import read_parts, warm_up

@@ -5,7 +5,8 @@ Local; imports no MPI."""
 import numpy as np
 import torch
 
-from ..train.build import build_model, table_specs
+from ..train.build import build_model
+from ..train.tables import table_specs
 
 __all__ = ["torch_model", "torch_scores"]
 

@@ -68,7 +68,8 @@ def export_serving(path, out) -> Path:
 
     from ..checkpoint.shards import read_dense
     from ..checkpoint.serving import write_sorted_tables
-    from ..train.build import build_model, table_parts
+    from ..train.build import build_model
+    from ..train.tables import table_parts
     out = Path(out)
     man, cfg, lay, shape = checked_source(path, out, "serving")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):

@@ -19,7 +19,7 @@ from ..core.optimizers import SGD, Adagrad, Adam, new_state
 from ..models import embedding_penalty
 from ..models.linear import linear_params
 from ..train import build_model, dense_optimizer, dense_schedule, table_parts, total_steps
-from ..train.build import part_optimizer
+from ..train.tables import part_optimizer
 
 __all__ = ["train_reference"]
 

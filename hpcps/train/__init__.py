@@ -1,12 +1,21 @@
-"""The training driver behind ``hpcps train``: ``driver`` (the job), ``build`` (tables, model,
-optimizers from the config), ``worker`` (the worker's loop), ``evaluation`` (loss, eval, export),
-``recovery`` (checkpoint triggers and resume), ``telemetry`` (what a worker measures)."""
+"""The training driver behind ``hpcps train``: ``driver`` (the job), ``tables`` (steps, tables and
+memory from the config; no torch: a PS rank runs from it), ``build`` (a worker's model and dense
+optimizer), ``worker`` (the worker's loop), ``evaluation`` (loss, eval, export), ``recovery``
+(checkpoint triggers and resume), ``telemetry`` (what a worker measures). The names below are
+imported on first use: importing ``hpcps.train`` imports no torch."""
 
-from ..runtime.stopping import EXIT_CHECKPOINTED
-from .build import (FUSED_TABLE, build_model, dense_optimizer, dense_schedule, fused_tables, make_tables,
-                    table_parts, table_specs, total_steps)
-from .driver import train
-from .evaluation import evaluate, export_weights, step_loss
+import importlib
 
-__all__ = ["train", "total_steps", "table_specs", "table_parts", "fused_tables", "FUSED_TABLE", "dense_optimizer", "dense_schedule",
-           "build_model", "make_tables", "evaluate", "export_weights", "step_loss", "EXIT_CHECKPOINTED"]
+_LAZY = {"train": "driver", "total_steps": "tables", "table_specs": "tables", "table_parts": "tables",
+         "fused_tables": "tables", "FUSED_TABLE": "tables", "make_tables": "tables", "dense_optimizer": "build",
+         "dense_schedule": "build", "build_model": "build", "evaluate": "evaluation", "export_weights": "evaluation",
+         "step_loss": "evaluation", "EXIT_CHECKPOINTED": "..runtime.stopping"}
+
+__all__ = list(_LAZY)
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        module = _LAZY[name]
+        return getattr(importlib.import_module(module if module.startswith(".") else f".{module}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -2,15 +2,15 @@
 export of the best weights. Worker side; resumed from a checkpoint's manifest."""
 
 import logging
+from pathlib import Path
 
 import numpy as np
 
 from ..checkpoint import store, tools
 from ..config import AUTO_EPOCHS
 from ..config.rules import BEST_METRICS
-from .evaluation import save_arrays
 
-__all__ = ["Evaluations", "default_metric", "stopped_early"]
+__all__ = ["Evaluations", "default_metric", "stopped_early", "save_arrays"]
 
 logger = logging.getLogger(__name__)
 
@@ -20,6 +20,12 @@ AUTO_PATIENCE = 2       # job.epochs = "auto" with job.early_stop_patience = 0: 
 def default_metric(task: str) -> str:
     """The metric that decides "best" when ``checkpoint.keep_best`` names none. Local."""
     return "auc" if task == "ctr" else "rmse"
+
+
+def save_arrays(path: str, arrays: dict) -> None:
+    """``arrays`` to the .npz ``path``, its directory made if missing (``job.export``). Local."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    np.savez(path, **arrays)
 
 
 def stopped_early(manifest: dict) -> bool:

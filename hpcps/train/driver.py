@@ -9,7 +9,6 @@ import contextlib
 import logging
 import time
 
-import torch
 from mpi4py import MPI
 
 from .. import checkpoint as ckpt_mod
@@ -22,14 +21,12 @@ from ..data.loader import fits as loader_fits
 from ..data.loader import supported as loader_supported
 from ..models import get_kind
 from ..monitor.monitor import Monitor
-from ..nn import IdPlan
 from ..runtime.stopping import StopRequest
 from .best import stopped_early
-from .build import check_model_kind, make_tables, shard_bytes, pipeline_switches, resolve_auto_epochs, resolve_local_full_every, total_steps
+from .tables import check_model_kind, make_tables, shard_bytes, pipeline_switches, resolve_auto_epochs, resolve_local_full_every, total_steps
 from .layout import backend_name, gather_layout, layout_line
 from .recovery import load_level, open_checkpointer, record_start
 from .telemetry import peak_rss
-from .worker import Worker
 
 __all__ = ["train"]
 
@@ -46,8 +43,10 @@ def train(cfg: Config) -> dict | None:
     world = MPI.COMM_WORLD
     summary = None
     check_model_kind(cfg)                                                 # alike on every rank
-    if cfg.model.device == "cuda" and not torch.cuda.is_available():      # checked alike on every rank
-        raise ValueError("config: model.device = 'cuda' but torch sees no GPU")
+    if cfg.model.device == "cuda":                                       # checked alike on every rank
+        import torch
+        if not torch.cuda.is_available():
+            raise ValueError("config: model.device = 'cuda' but torch sees no GPU")
     j = cfg.job
     workers = world.Get_size() - j.num_ps            # checked alike on every rank, before any communication
     if 0 < workers and cfg.data.batch_size < workers:
@@ -57,10 +56,11 @@ def train(cfg: Config) -> dict | None:
               world_size=j.world_size or None, progress_timeout=j.progress_timeout,
               ps_layout=j.ps_layout, deterministic=deterministic(j)) as ctx:
         # torch's default (every CPU, per rank) oversubscribes a node that runs several ranks. A PS
-        # applies scattered rows a step at a time: one thread (more spun idle OpenMP threads on a
-        # busy node: across pretend hosts sharing CPUs, the PS's adds took 3x as long)
-        torch.set_num_threads(1 if ctx.is_ps else
-                              cfg.model.threads or max(1, ctx.node_cpus // ctx.node_comm.Get_size()))
+        # rank applies with numpy and never imports torch (nor its idle OpenMP threads: across
+        # pretend hosts sharing CPUs, a PS's spun threads made its adds 3x as long)
+        if not ctx.is_ps:
+            import torch
+            torch.set_num_threads(cfg.model.threads or max(1, ctx.node_cpus // ctx.node_comm.Get_size()))
         if world.Get_rank() == 0 and cfg.data.format != "synthetic-ctr":     # a large input takes a while
             logger.info("hpcps: reading %s (counting lines, then parsing)", cfg.data.path)
         data = make_data(cfg.data, j.seed, ctx.num_workers, max(ctx.worker_rank, 0), world, not ctx.is_ps,
@@ -102,6 +102,7 @@ def train(cfg: Config) -> dict | None:
             held = sum(t.held_bytes() for t in tables)
             counts.note("rows_applied", ctx.rows_applied)
         else:
+            from .worker import Worker                 # torch: the workers' alone
             loader = _loader(cfg, ctx, data, start, steps, tables)
             with loader or contextlib.nullcontext():
                 worker = Worker(cfg, ctx, data, tables, steps, start, resume_from, ckpt, stop, pipe, loader, monitor)
@@ -147,6 +148,7 @@ def _loader(cfg, ctx, data, start: int, steps: int, tables) -> BatchAhead | None
     annex = None
     # one part's collection of every table (a dynamic table's keys are not rows; several parts plan their own)
     if len(get_kind(cfg.model.kind).parts) == 1 and not cfg.model.dynamic_tables:
+        from ..nn import IdPlan
         plan = IdPlan(tables)
 
         def annex(batch):

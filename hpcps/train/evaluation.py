@@ -1,15 +1,14 @@
 """The loss of a step, evaluation over every worker's eval shard, and the weights' export."""
 
-from pathlib import Path
-
 import numpy as np
 import torch
 from mpi4py import MPI
 
 from ..core.metrics import auc, logloss, mae, rmse
 from ..models import embedding_penalty
+from .best import save_arrays
 
-__all__ = ["step_loss", "evaluate", "export_weights", "save_arrays"]
+__all__ = ["step_loss", "evaluate", "export_weights"]
 
 
 def _inputs(batch, device):
@@ -78,9 +77,3 @@ def export_weights(path: str, model, tables) -> None:
         for name, first, n in t.logical:        # a table-batched table: its feature tables, apart
             arrays[f"tables/{name}"] = rows[first:first + n]
     save_arrays(path, arrays)
-
-
-def save_arrays(path: str, arrays: dict) -> None:
-    """``arrays`` to the .npz ``path``, its directory made if missing (``job.export``). Local."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    np.savez(path, **arrays)
