@@ -2,7 +2,7 @@
 a held-out test split, against ``hpcps baseline`` (hashed logistic regression) on the same rows.
 
     .venv/bin/python scripts/bench_quality.py --data NAME=CONFIG:FILE[;KEY=VALUE...] [--data ...] [--rows N]
-        [--folds 3] [--test 0.2] [--candidates FILE.json] [--kinds lr,...] [--tune N] [--ranks 3]
+        [--folds 3] [--test 0.2] [--candidates FILE.json] [--kinds lr,...] [--tune N] [--tune-folds K] [--ranks 3]
         [--out results/bench_quality.json]
 
 For each data set (a file in CONFIG's format, e.g. ``examples/criteo.toml`` and a Criteo sample;
@@ -22,8 +22,9 @@ default: the config as shipped) is cross-validated: trained on K-1 folds, scored
 one, K times; the baseline likewise. The test split is read once per model, at the end: the
 baseline, the config as shipped, each of ``--kinds`` with the shipped settings otherwise, and with
 ``--tune N`` the best of an N-trial ``hpcps tune`` over the config's ``[tune.space]`` (its trials
-train on the training rows less the same lines and are judged on those lines; the test split is
-not read while tuning). Every run is ``hpcps train`` under ``mpiexec -n --ranks`` (1 PS + the rest
+train on the training rows less the same lines and are judged on those lines; with
+``--tune-folds K`` each trial is cross-validated on K folds of the training rows, ``tune.folds``;
+the test split is not read while tuning). Every run is ``hpcps train`` under ``mpiexec -n --ranks`` (1 PS + the rest
 workers), as a user runs it. Prints the tables and writes JSON.
 """
 
@@ -99,11 +100,14 @@ class Runner:
         return {"auc": got["auc"], "logloss": got["logloss"], "steps": final["steps"],
                 "best_step": (final.get("best") or {}).get("step"), "valid_auc": final["auc"]}
 
-    def tune(self, trials: int, train: Path, valid: Path) -> str:
-        """``hpcps tune`` over the config's space on these rows; the best config's path."""
+    def tune(self, trials: int, train: Path, valid: Path, folds: int = 0, everything: Path | None = None) -> str:
+        """``hpcps tune`` over the config's space on these rows (``folds``: cross-validated trials
+        over ``everything``, the training rows whole); the best config's path."""
         study = self.tmp / "tune"
-        r = subprocess.run([sys.executable, "-m", "hpcps", "tune", "--config", self.config, "--set",
-                            f"data.path={train}", f"data.eval_path={valid}", f"tune.study={study}",
+        rows = [f"data.path={train}", f"data.eval_path={valid}"] if not folds else \
+            [f"data.path={everything}", "data.eval_path=", f"tune.folds={folds}"]
+        r = subprocess.run([sys.executable, "-m", "hpcps", "tune", "--config", self.config, "--set", *rows,
+                            f"tune.study={study}",
                             f"tune.trials={trials}", f"tune.ranks={self.ranks}", *self.extra],
                            capture_output=True, text=True, timeout=6 * 3600, cwd=ROOT)
         if r.returncode:
@@ -152,7 +156,8 @@ def measure(name: str, spec: str, args, candidates) -> dict:
             rows[kind] = run.train(sets, train, valid, held)
             print(f"  test {kind}: {rows[kind]['auc']:.4f} (baseline {rows['baseline']['auc']:.4f})", flush=True)
         if args.tune:
-            best = run.tune(args.tune, train, valid)
+            everything = write(run.tmp / "all-train", header, [x for f in folds for x in f])
+            best = run.tune(args.tune, train, valid, args.tune_folds, everything)
             rows["tuned"] = {**run.train([], train, valid, held, config=best), "config": best}
             print(f"  test tuned: {rows['tuned']['auc']:.4f}", flush=True)
     return {"config": config, "file": path, "settings": extra, "train_lines": sum(map(len, folds)),
@@ -168,6 +173,8 @@ def main():
     ap.add_argument("--candidates", default="", help="JSON file {name: [--set overrides]} to choose among")
     ap.add_argument("--kinds", default="lr", help="kinds also measured on the test split, the shipped settings otherwise")
     ap.add_argument("--tune", type=int, default=0, help="also the best of an N-trial hpcps tune (0: none)")
+    ap.add_argument("--tune-folds", type=int, default=0,
+                    help="with --tune: each trial cross-validated over this many folds of the training rows (tune.folds)")
     ap.add_argument("--ranks", type=int, default=3)
     ap.add_argument("--out", default="results/bench_quality.json")
     args = ap.parse_args()

@@ -33,7 +33,7 @@ LAYERS = [
     ("hpcps.predict", ["hpcps.predict", "hpcps.train", "hpcps.runtime.context", "hpcps.nn", "hpcps.data",
                        "hpcps.checkpoint", "hpcps.config", "hpcps.core"]),
     ("hpcps.plan", ["hpcps.plan", "hpcps.train", "hpcps.config", "hpcps.data", "hpcps.core"]),
-    ("hpcps.tune", ["hpcps.tune", "hpcps.config"]),
+    ("hpcps.tune", ["hpcps.tune", "hpcps.config", "hpcps.data"]),
     ("hpcps.tools.reference", ["hpcps.train", "hpcps.config", "hpcps.data", "hpcps.models", "hpcps.core"]),
     ("hpcps.tools.demo", ["hpcps.runtime.context", "hpcps.sparse", "hpcps.core"]),
     ("hpcps.tools.report", ["hpcps.core.metrics", "hpcps.monitor.plots"]),
@@ -45,7 +45,7 @@ LAYERS = [
 ]
 PURE = ["hpcps", "hpcps.config", "hpcps.core.ids", "hpcps.core.sharding", "hpcps.core.optimizers",
         "hpcps.core.settings", "hpcps.core.layout", "hpcps.core.wait", "hpcps.core.malloc", "hpcps.core.process",
-        "hpcps.core.inputs", "hpcps.core.hashindex", "hpcps.core.dynshard",
+        "hpcps.core.inputs", "hpcps.core.hashindex", "hpcps.core.dynshard", "hpcps.core.torchlib",
         "hpcps.core.metrics", "hpcps.core.errors", "hpcps.runtime", "hpcps.runtime.stopping", "hpcps.tools",
         "hpcps.data", "hpcps.models", "hpcps.optim", "hpcps.tools.baseline", "hpcps.tune",
         "hpcps.monitor", "hpcps.monitor.probe", "hpcps.monitor.fields", "hpcps.monitor.rules", "hpcps.monitor.plots"]

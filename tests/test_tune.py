@@ -138,3 +138,39 @@ def test_a_trial_another_search_has_just_taken_is_not_judged_stale(tmp_path, mon
     assert tune_study.recover_stale(tune_study.open_study(tmp_path / "study", maximise=True)) == 1
     states = [t.state for t in study.trials]
     assert states == [TrialState.FAIL, TrialState.WAITING] and study.trials[1].user_attrs["retry_of"] == 0
+
+
+def test_cross_validated_trials_train_once_a_fold_and_score_the_mean(tmp_path):
+    """``tune.folds = 2``: the sample's lines dealt into two folds once (each line in one held-out
+    file, the training file of a fold the other's lines); each trial trains twice and its value is
+    the mean of its two final AUCs; the best config names the user's data, not a fold."""
+    import optuna
+    study = tmp_path / "study"
+    r = _tune(study, "tune.trials=2", "tune.folds=2", "job.max_epochs=2")
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = sorted((ROOT / "tests" / "data" / "criteo_head1000.txt").read_text().splitlines())
+    held = [(study / "folds" / f"held-{i}").read_text().splitlines() for i in range(2)]
+    train = [(study / "folds" / f"train-{i}").read_text().splitlines() for i in range(2)]
+    assert sorted(held[0] + held[1]) == lines and len(held[0]) == 500
+    assert sorted(train[0]) == sorted(held[1]) and sorted(train[1]) == sorted(held[0])
+    st = optuna.load_study(study_name="hpcps", storage=optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(study / "journal.log"))))
+    for t in st.trials:
+        assert t.state.name == "COMPLETE" and len(t.user_attrs["folds"]) == 2
+        assert t.value == pytest.approx(sum(t.user_attrs["folds"]) / 2, abs=1e-5)
+        for i in range(2):
+            log = (study / f"trial-{t.number:04d}" / f"fold-{i}" / "train.log").read_text()
+            assert f"data.path={study / 'folds' / f'train-{i}'}" in log.splitlines()[0]
+    tuned = load_config(study / "best.toml", environ={})
+    assert tuned.data.path == "tests/data/criteo_head1000.txt" and not tuned.data.eval_path
+
+
+@pytest.mark.parametrize("sets,message", [
+    (["tune.folds=1"], "tune.folds = 1: must be 0 (one eval split) or >= 2"),
+    (["tune.folds=3", "data.eval_path=tests/data/criteo_head1000.txt"], "set data.eval_path = \"\""),
+    (["tune.folds=3", "data.path=tests/data"], "must be one file"),
+])
+def test_folds_that_cannot_be_cut_are_refused_before_any_trial(tmp_path, sets, message):
+    r = _tune(tmp_path / "study", *sets)
+    assert r.returncode != 0 and message in r.stderr, r.stderr[-2000:]
+    assert not list((tmp_path / "study").glob("trial-*"))

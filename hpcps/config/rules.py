@@ -130,6 +130,11 @@ def _check_tune(cfg: Config) -> None:
     t = cfg.tune
     _check(t.trials >= 1, "tune.trials", t.trials, "must be >= 1")
     _check(t.ranks >= 2, "tune.ranks", t.ranks, "must be >= 2 (a PS and a worker)")
+    _check(t.folds == 0 or t.folds >= 2, "tune.folds", t.folds, "must be 0 (one eval split) or >= 2")
+    _check(t.folds == 0 or not cfg.data.eval_path, "tune.folds", t.folds,
+           f"each fold's rows held out are its eval data: set data.eval_path = \"\" (it is {cfg.data.eval_path!r})")
+    _check(t.folds == 0 or cfg.data.format != "synthetic-ctr", "tune.folds", t.folds,
+           "needs file data (data.format = synthetic-ctr has no lines to cut into folds)")
     _check(not t.metric or t.metric in BEST_METRICS, "tune.metric", t.metric,
            f"must be one of {', '.join(BEST_METRICS)} (or empty: auc for CTR, rmse for ratings)")
     if t.space:

@@ -209,6 +209,7 @@ class TuneConfig:
     ranks: int = 3              # MPI ranks of each trial (1 PS + the rest workers unless the space or config says)
     launcher: str = ""          # runs a trial's ranks ("": the mpiexec beside python); {ranks} is replaced, e.g. "srun -n {ranks}"
     pruning: bool = True        # stop a trial whose n-th evaluation falls below the median of earlier trials' n-th
+    folds: int = 0              # 2 or more: each trial trains this many times, each fold of data.path held out once (data.eval_path empty), judged by the mean
     space: dict = field(default_factory=dict)  # config key -> [choices] or {low, high, log}: [tune.space] in a TOML file
 
 

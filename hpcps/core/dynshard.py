@@ -19,6 +19,7 @@ import numpy as np
 from .ids import initial_rows, splitmix64
 from .optimizers import SparseOptimizer, new_state
 from .hashindex import HashIndex
+from .torchlib import torch_module
 
 __all__ = ["Admission", "DynamicShard", "EVICTIONS", "sum_rows"]
 
@@ -303,7 +304,7 @@ class DynamicShard:
         self.applies += 1
         if rows.size:
             self.dirty[rows] = PFS | LOCAL
-            import torch                # here: a program that only pulls does not pay torch's import
+            torch = torch_module()      # here: a program that only pulls does not pay torch's import
             state = {k: torch.from_numpy(v) for k, v in self.state.items()}
             self.optimizer.apply(torch.from_numpy(self.rows), state, torch.from_numpy(rows),
                                  torch.from_numpy(np.ascontiguousarray(grads, np.float32)), step, self.applies)

@@ -11,22 +11,11 @@ MPI has no usable 16-bit float sum), which the PS drains and widens before it ap
 import numpy as np
 from mpi4py import MPI
 
+from ..core.torchlib import torch_module
 from ..core.window import Window
 
 __all__ = ["narrow", "widen", "HalfCopy"]
 _CHUNK_ROWS = 1 << 14
-
-_torch = None
-
-
-def torch_module():
-    """torch, imported on first use (PS ranks of SGD tables never need it). Local."""
-    global _torch
-    if _torch is None:
-        import torch
-        _torch = torch
-    return _torch
-
 
 def narrow(rows: np.ndarray, dtype: str) -> np.ndarray:
     """float32 ``rows`` rounded to nearest (even) ``dtype`` ("bfloat16" or "float16"), by torch, as

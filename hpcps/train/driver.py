@@ -14,7 +14,7 @@ from mpi4py import MPI
 from .. import checkpoint as ckpt_mod
 from ..config import Config, deterministic, resolve_switch
 from ..runtime.context import init
-from ..core import counts
+from ..core import counts, torchlib
 from ..data import make_data
 from ..data.loader import BatchAhead, placement
 from ..data.loader import fits as loader_fits
@@ -58,7 +58,9 @@ def train(cfg: Config) -> dict | None:
         # torch's default (every CPU, per rank) oversubscribes a node that runs several ranks. A PS
         # rank applies with numpy and never imports torch (nor its idle OpenMP threads: across
         # pretend hosts sharing CPUs, a PS's spun threads made its adds 3x as long)
-        if not ctx.is_ps:
+        if ctx.is_ps:
+            torchlib.set_threads(1)
+        else:
             import torch
             torch.set_num_threads(cfg.model.threads or max(1, ctx.node_cpus // ctx.node_comm.Get_size()))
         if world.Get_rank() == 0 and cfg.data.format != "synthetic-ctr":     # a large input takes a while

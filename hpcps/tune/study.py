@@ -4,7 +4,8 @@ The study lives in ``tune.study``'s ``journal.log`` (Optuna's journal file stora
 file lock, so several processes, e.g. the tasks of a Slurm job array on a shared filesystem, search
 one study, and a search started again goes on with it). TPE proposes each trial's values; the
 median pruner ends a trial whose n-th evaluation (from the third on) falls below the median of the
-earlier trials' n-th. A search stops once the study holds ``tune.trials`` finished (complete or pruned)
+earlier trials' n-th. With ``tune.folds`` a trial is cross-validated (:mod:`hpcps.tune.folds`).
+A search stops once the study holds ``tune.trials`` finished (complete or pruned)
 trials. A trial left RUNNING by a killed search (neither a heartbeat nor its start for :data:`STALE_S`, or its process
 gone from this host) is marked failed and its values are tried again first. After each search the
 study's trials table, best config and plot are written again (:mod:`hpcps.tune.report`). A new
@@ -24,6 +25,7 @@ from ..config import config_keys, load_config
 from ..config.rules import BEST_METRICS
 from .report import write_outputs
 from ..config.space import as_set, parse_space, suggest
+from .folds import write_folds
 from .trial import Pruned, TrialRun, launcher_argv
 
 __all__ = ["run_tune", "metric_of", "open_study", "own_values"]
@@ -108,7 +110,27 @@ def own_values(cfg, dims) -> dict:
     return out
 
 
-def _objective(cfg, config_path, sets, dims, folder: Path, metric: str, argv0):
+def _run_trial(trial, cfg, config_path, sets: list, folder: Path, metric: str, argv0, folds) -> tuple[float, dict]:
+    """``(value, final line)`` of one trial: one ``hpcps train``, or with ``folds`` one per fold
+    (the value: the mean over them). The first (or only) run's evaluations are reported to Optuna as
+    they come and may prune it (:class:`Pruned`). Local."""
+    prune = trial.should_prune if cfg.tune.pruning else None
+
+    def alive():
+        trial.set_user_attr("alive", time.time())
+    if not folds:
+        final = TrialRun(folder, config_path, sets, metric, argv0).run(report=trial.report, prune=prune, alive=alive)
+        return float(final[metric]), final
+    finals = []
+    for i, (train, held) in enumerate(folds):
+        run = TrialRun(folder / f"fold-{i}", config_path, [*sets, f"data.path={train}", f"data.eval_path={held}", "tune.folds=0"],
+                       metric, argv0)
+        finals.append(run.run(report=trial.report if i == 0 else None, prune=prune if i == 0 else None, alive=alive))
+    trial.set_user_attr("folds", [round(float(f[metric]), 5) for f in finals])
+    return sum(float(f[metric]) for f in finals) / len(finals), finals[0]
+
+
+def _objective(cfg, config_path, sets, dims, folder: Path, metric: str, argv0, folds=None):
     optuna = _optuna()
 
     def objective(trial):
@@ -116,13 +138,11 @@ def _objective(cfg, config_path, sets, dims, folder: Path, metric: str, argv0):
         trial.set_user_attr("pid", os.getpid())
         trial.set_user_attr("alive", time.time())
         values = suggest(trial, dims)
-        run = TrialRun(folder / f"trial-{trial.number:04d}", config_path,
-                       [*sets, *(as_set(k, v) for k, v in values.items())], metric, argv0)
         logger.info("hpcps: tune: trial %d: %s", trial.number, " ".join(as_set(k, v) for k, v in values.items()))
         started = time.monotonic()
         try:
-            final = run.run(report=trial.report, prune=trial.should_prune if cfg.tune.pruning else None,
-                            alive=lambda: trial.set_user_attr("alive", time.time()))
+            value, final = _run_trial(trial, cfg, config_path, [*sets, *(as_set(k, v) for k, v in values.items())],
+                                      folder / f"trial-{trial.number:04d}", metric, argv0, folds)
         except Pruned as e:
             trial.set_user_attr("seconds", round(time.monotonic() - started, 1))
             logger.info("hpcps: tune: trial %d pruned after step %d", trial.number, e.step)
@@ -130,9 +150,8 @@ def _objective(cfg, config_path, sets, dims, folder: Path, metric: str, argv0):
         trial.set_user_attr("seconds", round(time.monotonic() - started, 1))
         trial.set_user_attr("steps", final.get("steps"))
         trial.set_user_attr("best_step", (final.get("best") or {}).get("step"))
-        value = float(final[metric])
-        logger.info("hpcps: tune: trial %d: %s %.5f (%d steps, %.0f s)", trial.number, metric, value,
-                    final.get("steps", 0), time.monotonic() - started)
+        logger.info("hpcps: tune: trial %d: %s %.5f%s (%d steps, %.0f s)", trial.number, metric, value,
+                    f" (mean of {len(folds)} folds)" if folds else "", final.get("steps", 0), time.monotonic() - started)
         return value
     return objective
 
@@ -154,6 +173,7 @@ def run_tune(config_path: str | None, sets: list[str], trials: int | None = None
     budget = trials or cfg.tune.trials
     folder = Path(cfg.tune.study)
     argv0 = launcher_argv(cfg.tune.launcher, cfg.tune.ranks)
+    folds = write_folds(cfg, folder) if cfg.tune.folds >= 2 else None
     optuna = _optuna()
     task = int(os.environ.get("SLURM_ARRAY_TASK_ID", "0") or 0)
     study = open_study(folder, maximise, pruning=cfg.tune.pruning)
@@ -171,7 +191,7 @@ def run_tune(config_path: str | None, sets: list[str], trials: int | None = None
     logger.info("hpcps: tune: study %s: %d of %d trials finished; %s (%s), %d keys", folder / "journal.log", have,
                 budget, metric, "max" if maximise else "min", len(dims))
     if have < budget:
-        study.optimize(_objective(cfg, config_path, sets, dims, folder, metric, argv0),
+        study.optimize(_objective(cfg, config_path, sets, dims, folder, metric, argv0, folds),
                        callbacks=[MaxTrialsCallback(budget, states=done), _FailureGuard()], catch=(RuntimeError,))
     return write_outputs(study, cfg, config_path, sets, folder, metric, dims)
 
