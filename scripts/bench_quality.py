@@ -156,7 +156,7 @@ def measure(name: str, spec: str, args, candidates) -> dict:
             rows[kind] = run.train(sets, train, valid, held)
             print(f"  test {kind}: {rows[kind]['auc']:.4f} (baseline {rows['baseline']['auc']:.4f})", flush=True)
         if args.tune:
-            everything = write(run.tmp / "all-train", header, [x for f in folds for x in f])
+            everything = write(run.tmp / "tune-rows", header, [x for f in folds for x in f])    # train + valid
             best = run.tune(args.tune, train, valid, args.tune_folds, everything)
             rows["tuned"] = {**run.train([], train, valid, held, config=best), "config": best}
             print(f"  test tuned: {rows['tuned']['auc']:.4f}", flush=True)
