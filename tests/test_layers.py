@@ -150,7 +150,7 @@ def test_source_parses_as_the_oldest_python_setup_cfg_allows():
 def test_the_table_layers_do_not_import_torch(module):
     """A program of tables alone (and every test launch of one) does not pay torch's import:
     seconds a rank on an oversubscribed node; the PS's optimizers import it when they first apply.
-    ``hpcps train``'s driver imports it on the workers only (a PS of plain SGD tables never does)."""
+    Nor do the model kinds' registry, ``hpcps.train`` and its driver until a job runs (``hpcps plan``, ``--help``)."""
     code = f"import sys, {module}; assert 'torch' not in sys.modules"
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr

@@ -25,8 +25,10 @@ wait for the one before: each PS cuts at once and writes its cuts in order
 (:mod:`hpcps.checkpoint.ps_writer`), and worker 0 keeps up to ``LOCAL_QUEUE`` in flight.
 """
 
+import importlib.metadata
 import logging
 import platform
+import sys
 import time
 from collections import deque
 from pathlib import Path
@@ -415,6 +417,7 @@ def sharding_names(tables):
 
 def _versions() -> dict:
     import h5py
-    import torch
-    return {"hpcps": __version__, "torch": torch.__version__, "h5py": h5py.__version__,
+    # a PS rank that writes the manifest may not have imported torch: its installed version, then
+    torch = sys.modules["torch"].__version__ if "torch" in sys.modules else importlib.metadata.version("torch")
+    return {"hpcps": __version__, "torch": torch, "h5py": h5py.__version__,
             "numpy": np.__version__, "mpi": MPI.Get_library_version().splitlines()[0].strip()}

@@ -8,20 +8,24 @@ import sys
 __all__ = ["torch_module", "set_threads"]
 
 _threads = 0
+_applied = False
 
 
 def torch_module():
-    """torch, imported now if it was not; with :func:`set_threads`'s count. Local."""
-    fresh = "torch" not in sys.modules
+    """torch, imported now if it was not (by this or any other path), with :func:`set_threads`'s
+    count applied once. Every apply of a table takes torch from here. Local."""
+    global _applied
     import torch
-    if fresh and _threads:
+    if _threads and not _applied:
         torch.set_num_threads(_threads)
+        _applied = True
     return torch
 
 
 def set_threads(n: int) -> None:
-    """torch's intra-op threads in this process: now if torch is imported, else when it is. Local."""
-    global _threads
-    _threads = n
+    """torch's intra-op threads in this process: now if torch is imported, else at the first
+    :func:`torch_module`. Local."""
+    global _threads, _applied
+    _threads, _applied = n, False
     if "torch" in sys.modules:
-        sys.modules["torch"].set_num_threads(n)
+        torch_module()

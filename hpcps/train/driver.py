@@ -43,10 +43,11 @@ def train(cfg: Config) -> dict | None:
     world = MPI.COMM_WORLD
     summary = None
     check_model_kind(cfg)                                                 # alike on every rank
-    if cfg.model.device == "cuda":                                       # checked alike on every rank
-        import torch
-        if not torch.cuda.is_available():
-            raise ValueError("config: model.device = 'cuda' but torch sees no GPU")
+    # torch on every rank, before any collective: a PS that imported it at its first stateful table
+    # did so while the workers spun in a barrier (the suite's train tests 10% slower on 2 cores)
+    import torch
+    if cfg.model.device == "cuda" and not torch.cuda.is_available():      # checked alike on every rank
+        raise ValueError("config: model.device = 'cuda' but torch sees no GPU")
     j = cfg.job
     workers = world.Get_size() - j.num_ps            # checked alike on every rank, before any communication
     if 0 < workers and cfg.data.batch_size < workers:
@@ -55,13 +56,12 @@ def train(cfg: Config) -> dict | None:
     with init(num_ps=j.num_ps, transport=j.transport, mode=j.mode, wait=j.wait, rma_read=j.rma_read,
               world_size=j.world_size or None, progress_timeout=j.progress_timeout,
               ps_layout=j.ps_layout, deterministic=deterministic(j)) as ctx:
-        # torch's default (every CPU, per rank) oversubscribes a node that runs several ranks. A PS
-        # rank applies with numpy and never imports torch (nor its idle OpenMP threads: across
-        # pretend hosts sharing CPUs, a PS's spun threads made its adds 3x as long)
+        # torch's default (every CPU, per rank) oversubscribes a node that runs several ranks: a PS
+        # applies on one thread (more, spun idle: across pretend hosts sharing CPUs, a PS's adds
+        # took 3x as long)
         if ctx.is_ps:
             torchlib.set_threads(1)
         else:
-            import torch
             torch.set_num_threads(cfg.model.threads or max(1, ctx.node_cpus // ctx.node_comm.Get_size()))
         if world.Get_rank() == 0 and cfg.data.format != "synthetic-ctr":     # a large input takes a while
             logger.info("hpcps: reading %s (counting lines, then parsing)", cfg.data.path)
