@@ -14,7 +14,7 @@ from mpi4py import MPI
 from .. import checkpoint as ckpt_mod
 from ..config import Config, deterministic, resolve_switch
 from ..runtime.context import init
-from ..core import counts, torchlib
+from ..core import counts
 from ..data import make_data
 from ..data.loader import BatchAhead, placement
 from ..data.loader import fits as loader_fits
@@ -59,10 +59,8 @@ def train(cfg: Config) -> dict | None:
         # torch's default (every CPU, per rank) oversubscribes a node that runs several ranks: a PS
         # applies on one thread (more, spun idle: across pretend hosts sharing CPUs, a PS's adds
         # took 3x as long)
-        if ctx.is_ps:
-            torchlib.set_threads(1)
-        else:
-            torch.set_num_threads(cfg.model.threads or max(1, ctx.node_cpus // ctx.node_comm.Get_size()))
+        torch.set_num_threads(1 if ctx.is_ps else
+                              cfg.model.threads or max(1, ctx.node_cpus // ctx.node_comm.Get_size()))
         if world.Get_rank() == 0 and cfg.data.format != "synthetic-ctr":     # a large input takes a while
             logger.info("hpcps: reading %s (counting lines, then parsing)", cfg.data.path)
         data = make_data(cfg.data, j.seed, ctx.num_workers, max(ctx.worker_rank, 0), world, not ctx.is_ps,
@@ -104,7 +102,7 @@ def train(cfg: Config) -> dict | None:
             held = sum(t.held_bytes() for t in tables)
             counts.note("rows_applied", ctx.rows_applied)
         else:
-            from .worker import Worker                 # torch: the workers' alone
+            from .worker import Worker                 # here: importing the driver costs no torch
             loader = _loader(cfg, ctx, data, start, steps, tables)
             with loader or contextlib.nullcontext():
                 worker = Worker(cfg, ctx, data, tables, steps, start, resume_from, ckpt, stop, pipe, loader, monitor)
