@@ -6,6 +6,7 @@ import json
 import os
 import re
 import subprocess
+import time
 
 import pytest
 
@@ -49,8 +50,15 @@ def _finals(text):
 
 def _stop_when_running(slurm, job, metrics):
     """What Slurm does at the --signal time, once the job has made 3 steps: USR1 to the batch shell."""
-    slurm.wait(job, 180, until=lambda info: steps_done(metrics) >= 3)
-    slurm.run(["scancel", "--signal=USR1", "--batch", job], check=True)
+    info = slurm.wait(job, 180, until=lambda info: steps_done(metrics) >= 3)
+    for _ in range(5):                          # a busy slurmctld may time out a request: ask again
+        assert info.get("JobState") == "RUNNING", slurm.diagnose(info, "")
+        r = slurm.run(["scancel", "--signal=USR1", "--batch", job])
+        if r.returncode == 0:
+            return
+        time.sleep(2)
+        info = slurm.job(job)
+    raise AssertionError(f"scancel --signal=USR1 failed: {r.stderr}\n" + slurm.diagnose(info, ""))
 
 
 def test_sbatch_on_two_nodes_checkpoints_at_the_time_limit_requeues_and_resumes_equal_to_straight(
