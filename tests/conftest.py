@@ -21,11 +21,19 @@ mpirun.SKIP_MALLOC_TUNE = True   # a test's few steps do not need glibc's tcache
 # each file whole on one of them, so its module fixtures, pretend hosts and Slurm start once).
 # Several files mostly wait (Slurm's time-limit signal, jobs slowed by HPCPS_STEP_DELAY) while
 # the others compute. The files that take longest go first, so that the two end together
-# (seconds measured on the 2-core VM in one process, MPICH leg).
-LONGEST_FIRST = ["test_slurm_hosts.py", "test_scripts.py", "test_hosts.py", "test_checkpoint_mpi.py", "test_tables_mpi.py",
-                 "test_train_mpi.py", "test_slurm.py", "test_predict.py", "test_failures.py",
-                 "test_dynamic_mpi.py", "test_abuse_runs.py", "test_deterministic_mpi.py", "test_dynamic_train.py",
-                 "test_evaluation.py", "test_monitor.py", "test_scale.py", "test_abuse.py", "test_cli.py"]
+# (their seconds in the MPICH leg on the 2-core VM).
+LONGEST_FIRST = ["test_slurm_hosts.py", "test_scripts.py", "test_hosts.py", "test_train_mpi.py", "test_checkpoint_mpi.py",
+                 "test_slurm.py", "test_predict.py", "test_dynamic_mpi.py", "test_failures.py", "test_deterministic_mpi.py",
+                 "test_tables_mpi.py", "test_tune.py", "test_dynamic_train.py", "test_evaluation.py", "test_abuse_runs.py",
+                 "test_abuse.py", "test_parallel.py", "test_monitor.py", "test_cli.py"]
+
+
+def pytest_sessionstart(session):
+    # the ranks' fork server (tests/zygote.py) starts with this process's environment as it is
+    # before any test changes it: a launch whose environment differs where the zygote's libraries
+    # read it at start runs its ranks as fresh interpreters. Not in xdist's controller: it runs no test.
+    if not (getattr(session.config.option, "numprocesses", None) and "PYTEST_XDIST_WORKER" not in os.environ):
+        mpirun.zygote()
 
 
 def pytest_collection_modifyitems(session, config, items):

@@ -91,6 +91,46 @@ def launched_mpi(final: dict) -> dict:
     return {"library": mpi.get("library"), "version": mpi.get("version")}
 
 
+_zygote = None                 # this process's fork server for its ranks (tests/zygote.py), once started
+
+
+def zygote() -> str | None:
+    """The socket of this pytest process's rank fork server (``tests/zygote.py``), started on first
+    use; None where launches start their interpreters as usual: another MPI than MPICH (Open MPI's
+    and Intel MPI's legs), or ``HPCPS_TEST_ZYGOTE=0``."""
+    global _zygote
+    if os.environ.get("HPCPS_TEST_ZYGOTE") == "0" or os.environ.get("HPCPS_MPI", "mpich") != "mpich":
+        return None
+    if _zygote is None:
+        import atexit
+        import tempfile
+        d = tempfile.mkdtemp(prefix="hpcps-zygote-", dir="/tmp")
+        proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("zygote.py")), d],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=mpi_env(), cwd=ROOT,
+                                start_new_session=True)
+        if proc.stdout.readline().strip() != b"ready":
+            raise RuntimeError("tests/zygote.py did not start")
+
+        def stop():
+            proc.stdin.close()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            shutil.rmtree(d, ignore_errors=True)
+        atexit.register(stop)
+        _zygote = d
+    return _zygote
+
+
+def python(hosts: str | None = None) -> list:
+    """How a launch starts each rank's interpreter: through the fork server on this machine
+    (``tests/zygote_client.py``), plain ``python`` on pretend hosts or where there is none."""
+    if hosts is None and zygote():
+        return [sys.executable, "-S", str(Path(__file__).with_name("zygote_client.py"))]
+    return [sys.executable]
+
+
 def launcher(n: int, hosts: str | None = None) -> list:
     """``mpiexec -n n``; with ``hosts`` (``"h0:2,h1:1"``) the same on the pretend hosts of the cluster
     ``$HPCPS_CLUSTER`` (``scripts/cluster.sh``), launched from the first of them."""
@@ -110,6 +150,8 @@ def mpi_env(extra=None) -> dict:
     env.pop("HPCPS_TRANSPORT", None)
     env.pop("HPCPS_MPI_THREADS", None)
     env["HPCPS_MPIEXEC"] = mpiexec()
+    if _zygote:
+        env["HPCPS_TEST_ZYGOTE"] = os.path.join(_zygote, "sock")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     # `hpcps train` restarts itself with glibc's tcache off (a heap that does not fragment over
     # thousands of steps); a test's few steps do not need it, and the restart costs ~1 s of a 10 s
@@ -166,7 +208,7 @@ def run_mpi(n: int, argv, timeout: float = 120, env=None, mpi4py_run: bool = Tru
     argv = [str(a) for a in argv]
     if argv[0].endswith(".py") and not os.path.isabs(argv[0]):
         argv[0] = str(PROGRAMS / argv[0])
-    cmd = launcher(n, hosts) + [sys.executable]
+    cmd = launcher(n, hosts) + python(hosts)
     if mpi4py_run:
         cmd += ["-m", "mpi4py"]
     cmd += argv
@@ -284,7 +326,7 @@ def launch_mpi(n: int, argv, env=None, tag: str = "", hosts: str | None = None) 
     argv = [str(a) for a in argv]
     extra = dict(env or {})
     extra["HPCPS_TEST_TAG"] = tag = _auto_tag(tag)
-    cmd = launcher(n, hosts) + [sys.executable, "-m", "mpi4py"] + argv
+    cmd = launcher(n, hosts) + python(hosts) + ["-m", "mpi4py"] + argv
     started = time.time()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=mpi_env(extra), cwd=ROOT, start_new_session=True)
@@ -305,8 +347,21 @@ def rank_pid(tag: str, rank: int):
         except OSError:
             continue
         if want_tag in env and any(r in env for r in ranks) and b"python" in open(f"/proc/{d}/cmdline", "rb").read():
-            return int(d)
+            return _forked(int(d))
     return None
+
+
+def _forked(pid: int) -> int:
+    """The rank that the zygote client ``pid`` waits for, or ``pid`` itself where it is the rank."""
+    deadline = time.time() + 10
+    while _zygote and time.time() < deadline:
+        try:
+            if b"zygote_client" not in open(f"/proc/{pid}/cmdline", "rb").read():
+                return pid
+            return int((Path(_zygote) / "pids" / str(pid)).read_text())
+        except (OSError, ValueError):
+            time.sleep(0.05)
+    return pid
 
 
 _launches = 0                   # launches made by this process, for their default tags
