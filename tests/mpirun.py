@@ -336,7 +336,14 @@ def launch_mpi(n: int, argv, env=None, tag: str = "", hosts: str | None = None) 
 
 def rank_pid(tag: str, rank: int):
     """PID of world rank ``rank`` of the launch tagged ``tag`` (MPICH/Open MPI put the rank in the
-    environment), or None."""
+    environment): the rank itself, not the zygote client that waits for it; or None."""
+    pid = launched_pid(tag, rank)
+    return None if pid is None else _forked(pid)
+
+
+def launched_pid(tag: str, rank: int):
+    """PID of the process the launcher started for world rank ``rank`` of the launch tagged ``tag``:
+    the rank, or the zygote client that waits for it (``tests/zygote_client.py``); or None."""
     want_tag = f"HPCPS_TEST_TAG={tag}".encode()
     ranks = (f"PMI_RANK={rank}".encode(), f"OMPI_COMM_WORLD_RANK={rank}".encode())
     for d in os.listdir("/proc"):
@@ -347,7 +354,7 @@ def rank_pid(tag: str, rank: int):
         except OSError:
             continue
         if want_tag in env and any(r in env for r in ranks) and b"python" in open(f"/proc/{d}/cmdline", "rb").read():
-            return _forked(int(d))
+            return int(d)
     return None
 
 

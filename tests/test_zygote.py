@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mpirun import PROGRAMS, launch_mpi, rank_pid, reap, run_mpi, zygote
+from mpirun import PROGRAMS, launch_mpi, launched_pid, rank_pid, reap, run_mpi, zygote
 
 pytestmark = pytest.mark.skipif(not zygote(), reason="the fork server serves MPICH launches only")
 
@@ -35,15 +35,9 @@ def test_an_environment_the_zygote_has_read_otherwise_runs_a_fresh_interpreter()
 
 def _client(tag, rank):
     """The zygote client that waits for world rank ``rank`` of the launch tagged ``tag``."""
-    for d in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            env = open(f"/proc/{d}/environ", "rb").read().split(b"\0")
-            if (f"HPCPS_TEST_TAG={tag}".encode() in env and f"PMI_RANK={rank}".encode() in env
-                    and b"zygote_client" in open(f"/proc/{d}/cmdline", "rb").read()):
-                return int(d)
-        except OSError:
-            continue
-    return None
+    pid = launched_pid(tag, rank)
+    assert b"zygote_client" in open(f"/proc/{pid}/cmdline", "rb").read()
+    return pid
 
 
 def _started(tmp_path, name, mode):
