@@ -213,15 +213,14 @@ def run(req: dict) -> None:
     sys.orig_argv = [sys.executable, *argv]
     main = types.ModuleType("__main__")
     sys.modules["__main__"] = main
-    paths = [p for p in req["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
-    base = [p for p in sys.path[1:] if p not in paths]
+    # the rest of sys.path is the zygote's: its PYTHONPATH is the launch's (_why_not)
     if argv[0] == "-m":
-        sys.path[:] = [req["cwd"], *paths, *base]
+        sys.path[0] = req["cwd"]
         sys.argv = ["-m", *argv[2:]]
         runpy._run_module_as_main(argv[1], alter_argv=True)
     else:
         script = os.path.abspath(argv[0])
-        sys.path[:] = [os.path.dirname(script), *paths, *base]
+        sys.path[0] = os.path.dirname(script)
         sys.argv = list(argv)
         runpy.run_path(script, run_name="__main__")
 
