@@ -1,6 +1,5 @@
 """scripts/bench_host_loss.py's 16-rank, 4-host run (pretend hosts of its own, scripts/cluster.sh):
-a file of its own, so that it runs first, beside tests/test_slurm_hosts.py, whose jobs mostly
-wait (tests/conftest.py's order): 16 ranks on 2 cores slowed whatever computed beside them."""
+a file of its own, placed in tests/conftest.py's order apart from test_hosts.py's three hosts."""
 
 import json
 import os
