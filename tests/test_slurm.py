@@ -1,5 +1,5 @@
 """slurm/train.sbatch against a real slurmctld + slurmd (scripts/slurm_local.sh), not a mock:
-scancel; the restart limit; a STOP file; a mis-launched job; chained jobs. The time-limit signal,
+a start that fails before MPI is up, tried again; scancel; the restart limit; a STOP file; a mis-launched job; chained jobs. The time-limit signal,
 requeue and resume run on two nodes in tests/test_slurm_hosts.py."""
 
 import json
@@ -24,15 +24,25 @@ def slurm(tmp_path_factory):
     sl.stop()
 
 
+def _failing_first_start(tmp_path) -> Path:
+    """A python for the job whose first start fails on one rank before MPI is up, as a PMI request
+    that Slurm reads in two pieces fails MPI_Init; every later start runs the real python."""
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f'#!/bin/sh\nmkdir "{tmp_path}/failed-once" 2>/dev/null && exit 3\nexec {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
+    return wrapper
+
+
 def test_scancel_leaves_a_verified_checkpoint_and_does_not_requeue(slurm, tmp_path):
     ck, log, metrics = tmp_path / "ck", tmp_path / "job.log", tmp_path / "m.jsonl"
-    env = slurm.job_env(ck, HPCPS_STEP_DELAY=0.3, HPCPS_MAX_RESTARTS=3)
+    env = slurm.job_env(ck, HPCPS_STEP_DELAY=0.3, HPCPS_MAX_RESTARTS=3, HPCPS_PYTHON=_failing_first_start(tmp_path))
     job = slurm.sbatch(env, log, ["--time=10"], ["job.steps=1000", f"metrics.path={metrics}", "job.log_every=1"])
     slurm.wait(job, 180, until=lambda info: steps_done(metrics) >= 3)
     slurm.run(["scancel", job], check=True)
     info = slurm.wait(job, 120)
     text = log.read_text()
     assert info["JobState"] == "CANCELLED" and int(info["Restarts"]) == 0, slurm.diagnose(info, text)
+    assert "failed before every rank was up" in text and "retries left: 1" in text, text
     assert "SIGTERM" in text and "cancelled; not requeueing" in text and "Resume by hand" in text
     newest = store.newest_verified(ck)
     assert newest is not None and store.read_manifest(newest)["step"] >= 3
