@@ -2,6 +2,8 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
+
 # this pytest process (and the pytest-mpi runs of tests/parallel) tests the communication thread
 # in-process: nothing here calls hpcps.prepare_process, so MPI starts at mpi4py's default level,
 # MPI_THREAD_MULTIPLE. Launched programs call prepare_process (SERIALIZED), and `hpcps train`
@@ -39,6 +41,20 @@ def pytest_sessionstart(session):
         mpirun.zygote()
 
 
+def pytest_configure(config):
+    # xdist deals files in the order of LONGEST_FIRST, not by how many tests each has (its default)
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
+def pytest_xdist_make_scheduler(config, log):
+    # three workers or more (`scripts/run test`): the Slurm files, which mostly wait, on the last
+    if config.option.dist == "loadfile" and config.option.numprocesses >= 3:
+        from lanes import WaitingLane
+        return WaitingLane(config, log)
+    return None
+
+
 def pytest_collection_modifyitems(session, config, items):
     # marked openmpi_only: the MPICH leg runs a larger test of the same (named in the docstring)
     if os.environ.get("HPCPS_MPI", "mpich") != "openmpi":
@@ -49,3 +65,10 @@ def pytest_collection_modifyitems(session, config, items):
     if getattr(config.option, "numprocesses", None):
         rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
         items.sort(key=lambda item: rank.get(item.path.name, len(rank)))     # stable: the rest in order
+
+
+@pytest.fixture(autouse=True)
+def _no_launch_left_behind():
+    """A test that fails between ``launch_mpi`` and ``reap`` leaves no ranks running."""
+    yield
+    mpirun.kill_leftovers()

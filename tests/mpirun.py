@@ -99,14 +99,14 @@ def zygote() -> str | None:
     use; None where launches start their interpreters as usual: another MPI than MPICH (Open MPI's
     and Intel MPI's legs), or ``HPCPS_TEST_ZYGOTE=0``."""
     global _zygote
-    if os.environ.get("HPCPS_TEST_ZYGOTE") == "0" or os.environ.get("HPCPS_MPI", "mpich") != "mpich":
+    if os.environ.get("HPCPS_TEST_ZYGOTE") == "0" or os.environ.get("HPCPS_MPI", "mpich") not in ("mpich", "openmpi"):
         return None
     if _zygote is None:
         import atexit
         import tempfile
         d = tempfile.mkdtemp(prefix="hpcps-zygote-", dir="/tmp")
         proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("zygote.py")), d],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=mpi_env(), cwd=ROOT,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_zygote_env(), cwd=ROOT,
                                 start_new_session=True)
         if proc.stdout.readline().strip() != b"ready":
             raise RuntimeError("tests/zygote.py did not start")
@@ -121,6 +121,17 @@ def zygote() -> str | None:
         atexit.register(stop)
         _zygote = d
     return _zygote
+
+
+def _zygote_env() -> dict:
+    """The fork server's environment: a launch's, with the ``LD_LIBRARY_PATH`` that Open MPI's
+    prterun gives its ranks (its lib directory put first), as the dynamic loader reads it at start."""
+    env = mpi_env()
+    if os.environ.get("HPCPS_MPI") == "openmpi":
+        r = subprocess.run([mpiexec(), "-n", "1", "printenv", "LD_LIBRARY_PATH"], env=env, capture_output=True,
+                           text=True, timeout=60)
+        env["LD_LIBRARY_PATH"] = r.stdout.strip()
+    return env
 
 
 def python(hosts: str | None = None) -> list:
@@ -331,7 +342,20 @@ def launch_mpi(n: int, argv, env=None, tag: str = "", hosts: str | None = None) 
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=mpi_env(extra), cwd=ROOT, start_new_session=True)
     proc.started_at, proc.tag = started, tag
+    LAUNCHED.append(proc)
     return proc
+
+
+LAUNCHED: list = []            # launch_mpi's launches; tests/conftest.py kills those a failed test left
+
+
+def kill_leftovers() -> None:
+    """SIGKILL the launches of ``launch_mpi`` still running (a test that failed before reaping)."""
+    while LAUNCHED:
+        proc = LAUNCHED.pop()
+        if proc.poll() is None:
+            kill_launch(proc)
+            proc.communicate()
 
 
 def rank_pid(tag: str, rank: int):

@@ -23,7 +23,8 @@ def run_here(argv):
 
 def main(argv):
     path, pmi = os.environ.get("HPCPS_TEST_ZYGOTE", ""), os.environ.get("PMI_FD", "")
-    if not path or not pmi.isdigit() or os.environ.get("I_MPI_ROOT"):
+    pmix = "PMIX_RANK" in os.environ                # Open MPI: the rank finds its PMIx server by name
+    if not path or not (pmi.isdigit() or pmix) or os.environ.get("I_MPI_ROOT"):
         run_here(argv)
     child, pending = [None], []
 
@@ -39,7 +40,7 @@ def main(argv):
         conn.connect(path)
     except OSError:
         run_here(argv)
-    fds = [0, 1, 2, int(pmi)]
+    fds = [0, 1, 2] + ([int(pmi)] if pmi.isdigit() else [])
     request = json.dumps({"argv": argv, "env": dict(os.environ), "cwd": os.getcwd(), "fds": fds,
                           "executable": sys.executable, "netns": os.stat("/proc/self/ns/net").st_ino}).encode()
     conn.sendmsg([struct.pack("!I", len(request)), request],
