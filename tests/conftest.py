@@ -21,16 +21,15 @@ mpirun.SKIP_MALLOC_TUNE = True   # a test's few steps do not need glibc's tcache
 
 # `scripts/run test` runs the suite in two pytest processes (pytest-xdist, `-n 2 --dist loadfile`:
 # each file whole on one of them, so its module fixtures, pretend hosts and Slurm start once).
-# Several files mostly wait (Slurm's time-limit signal, jobs slowed by HPCPS_STEP_DELAY) while
-# the others compute. The files that take longest go first, so that the two end together
-# (their seconds in the MPICH leg on the 2-core VM). Not test_host_loss.py's 16 ranks beside
-# test_slurm_hosts.py: a relaunched job's MPI_Init across the pretend hosts then failed (UCX's
-# address exchange refused) once in three runs.
-LONGEST_FIRST = ["test_slurm_hosts.py", "test_scripts.py", "test_hosts.py", "test_host_loss.py", "test_train_mpi.py",
-                 "test_checkpoint_mpi.py", "test_slurm.py", "test_predict.py", "test_dynamic_mpi.py", "test_failures.py",
-                 "test_deterministic_mpi.py", "test_tables_mpi.py", "test_tune.py", "test_dynamic_train.py",
-                 "test_evaluation.py", "test_abuse_runs.py", "test_abuse.py", "test_parallel.py", "test_monitor.py",
-                 "test_cli.py"]
+# Each takes the next file in this order, the longest first (their seconds in the MPICH leg on the
+# 2-core VM), so that the two end together; the Slurm files, whose jobs mostly wait, go first,
+# beside the others' computing. (A third process for them alone ran the leg no faster: their jobs'
+# ranks then took CPU from two computing files instead of one.)
+LONGEST_FIRST = ["test_slurm.py", "test_checkpoint_mpi.py", "test_slurm_hosts.py", "test_scripts.py", "test_train_mpi.py",
+                 "test_failures.py", "test_dynamic_mpi.py", "test_host_loss.py", "test_deterministic_mpi.py",
+                 "test_predict.py", "test_hosts.py", "test_tune.py", "test_tables_mpi.py", "test_evaluation.py",
+                 "test_dynamic_train.py", "test_abuse_runs.py", "test_cli.py", "test_monitor.py", "test_parallel.py",
+                 "test_layers.py", "test_abuse.py"]
 
 
 def pytest_sessionstart(session):
@@ -45,14 +44,6 @@ def pytest_configure(config):
     # xdist deals files in the order of LONGEST_FIRST, not by how many tests each has (its default)
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False
-
-
-def pytest_xdist_make_scheduler(config, log):
-    # three workers or more (`scripts/run test`): the Slurm files, which mostly wait, on the last
-    if config.option.dist == "loadfile" and config.option.numprocesses >= 3:
-        from lanes import WaitingLane
-        return WaitingLane(config, log)
-    return None
 
 
 def pytest_collection_modifyitems(session, config, items):

@@ -96,8 +96,8 @@ _zygote = None                 # this process's fork server for its ranks (tests
 
 def zygote() -> str | None:
     """The socket of this pytest process's rank fork server (``tests/zygote.py``), started on first
-    use; None where launches start their interpreters as usual: another MPI than MPICH (Open MPI's
-    and Intel MPI's legs), or ``HPCPS_TEST_ZYGOTE=0``."""
+    use; None where launches start their interpreters as usual: Intel MPI's leg, or
+    ``HPCPS_TEST_ZYGOTE=0``."""
     global _zygote
     if os.environ.get("HPCPS_TEST_ZYGOTE") == "0" or os.environ.get("HPCPS_MPI", "mpich") not in ("mpich", "openmpi"):
         return None

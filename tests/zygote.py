@@ -1,8 +1,9 @@
-"""A fork server for the ranks of test launches under MPICH (one per pytest process, started by
+"""A fork server for the ranks of test launches under MPICH and Open MPI (one per pytest process, started by
 ``mpirun.zygote``): it imports torch, numpy and h5py once, and forks a rank for each
 ``tests/zygote_client.py`` that asks, instead of each rank paying ~1.3 s of CPU to import torch
 (~700 ranks a suite). The forked rank runs ``python ARGV...`` as a fresh interpreter would: the
-client's argv, environment, working directory, stdin/stdout/stderr and hydra's PMI socket, a
+client's argv, environment, working directory, stdin/stdout/stderr and hydra's PMI socket (Open
+MPI's ranks find their PMIx server by the names in the environment), a
 fresh ``__main__``, its own random seeds. A launch it cannot run so (another netns, an
 environment that a loaded library has already read, interpreter options) runs for real: it
 answers ``no`` and the client execs python.
@@ -10,7 +11,7 @@ answers ``no`` and the client execs python.
 Lifetimes: the client waits for its rank and ends as it ended; a client gone (killed) takes its
 rank with it (SIGKILL from here); the zygote ends when its stdin closes (its pytest process is
 gone), killing what it forked. ``pids/CLIENT`` holds the rank's pid while it runs
-(``mpirun.rank_pid``). Not a part of hpcps: launches by users, Slurm, pretend hosts, Open MPI and
+(``mpirun.rank_pid``). Not a part of hpcps: launches by users, Slurm, pretend hosts, Intel MPI and
 the benchmarks start their interpreters as usual."""
 
 import array
