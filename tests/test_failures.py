@@ -227,5 +227,6 @@ def test_a_second_job_on_the_same_checkpoint_dir_is_refused_naming_the_first(tmp
         code, out, err = reap(first, timeout=90)
     assert code == 85, err[-2000:]
     assert not (ck / "LOCK").exists()                   # released once the job wrote its last checkpoint
-    r = run_mpi(3, _train_argv([f"checkpoint.dir={ck}", "job.steps=400"]), timeout=180)
-    assert "resuming from" in r.stderr
+    steps = _final(out)["steps"] + 3                    # a few steps past where the first one stopped
+    r = run_mpi(3, _train_argv([f"checkpoint.dir={ck}", f"job.steps={steps}"]), timeout=180)
+    assert "resuming from" in r.stderr and _final(r.stdout)["steps"] == steps

@@ -158,6 +158,8 @@ class Zygote:
                 pass
 
     def client_gone(self, conn, pid):
+        if conn.fileno() < 0:            # its rank was reaped earlier in the same round of select()
+            return
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
