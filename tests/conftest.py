@@ -25,8 +25,8 @@ mpirun.SKIP_MALLOC_TUNE = True   # a test's few steps do not need glibc's tcache
 # 2-core VM), so that the two end together; the Slurm files, whose jobs mostly wait, go first,
 # beside the others' computing. (A third process for them alone ran the leg no faster: their jobs'
 # ranks then took CPU from two computing files instead of one.)
-LONGEST_FIRST = ["test_slurm.py", "test_checkpoint_mpi.py", "test_slurm_hosts.py", "test_scripts.py", "test_train_mpi.py",
-                 "test_failures.py", "test_dynamic_mpi.py", "test_host_loss.py", "test_deterministic_mpi.py",
+LONGEST_FIRST = ["test_slurm.py", "test_checkpoint_mpi.py", "test_slurm_hosts.py", "test_scripts.py",
+                 "test_train_mpi.py", "test_failures.py", "test_dynamic_mpi.py", "test_host_loss.py", "test_deterministic_mpi.py",
                  "test_predict.py", "test_hosts.py", "test_tune.py", "test_tables_mpi.py", "test_evaluation.py",
                  "test_dynamic_train.py", "test_abuse_runs.py", "test_cli.py", "test_monitor.py", "test_parallel.py",
                  "test_layers.py", "test_abuse.py"]

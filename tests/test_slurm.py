@@ -1,6 +1,7 @@
 """slurm/train.sbatch against a real slurmctld + slurmd (scripts/slurm_local.sh), not a mock:
-a start that fails before MPI is up, tried again; scancel; the restart limit; a STOP file; a mis-launched job; chained jobs. The time-limit signal,
-requeue and resume run on two nodes in tests/test_slurm_hosts.py."""
+a start that fails before MPI is up, tried again; scancel; the restart limit; a STOP file; a
+mis-launched job; chained jobs. The time-limit signal, requeue and resume run on two nodes in
+tests/test_slurm_hosts.py."""
 
 import json
 import os

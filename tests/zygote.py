@@ -1,5 +1,5 @@
-"""A fork server for the ranks of test launches under MPICH and Open MPI (one per pytest process, started by
-``mpirun.zygote``): it imports torch, numpy and h5py once, and forks a rank for each
+"""A fork server for the ranks of test launches under MPICH and Open MPI (one per pytest process,
+started by ``mpirun.zygote``): it imports torch, numpy and h5py once, and forks a rank for each
 ``tests/zygote_client.py`` that asks, instead of each rank paying ~1.3 s of CPU to import torch
 (~700 ranks a suite). The forked rank runs ``python ARGV...`` as a fresh interpreter would: the
 client's argv, environment, working directory, stdin/stdout/stderr and hydra's PMI socket (Open
