@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+import zygotes
+
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAMS = Path(__file__).resolve().parent / "programs"
 CLUSTER = ROOT / "scripts" / "cluster.sh"
@@ -91,55 +93,8 @@ def launched_mpi(final: dict) -> dict:
     return {"library": mpi.get("library"), "version": mpi.get("version")}
 
 
-_zygote = None                 # this process's fork server for its ranks (tests/zygote.py), once started
-
-
-def zygote() -> str | None:
-    """The socket of this pytest process's rank fork server (``tests/zygote.py``), started on first
-    use; None where launches start their interpreters as usual: Intel MPI's leg, or
-    ``HPCPS_TEST_ZYGOTE=0``."""
-    global _zygote
-    if os.environ.get("HPCPS_TEST_ZYGOTE") == "0" or os.environ.get("HPCPS_MPI", "mpich") not in ("mpich", "openmpi"):
-        return None
-    if _zygote is None:
-        import atexit
-        import tempfile
-        d = tempfile.mkdtemp(prefix="hpcps-zygote-", dir="/tmp")
-        proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("zygote.py")), d],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_zygote_env(), cwd=ROOT,
-                                start_new_session=True)
-        if proc.stdout.readline().strip() != b"ready":
-            raise RuntimeError("tests/zygote.py did not start")
-
-        def stop():
-            proc.stdin.close()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-            shutil.rmtree(d, ignore_errors=True)
-        atexit.register(stop)
-        _zygote = d
-    return _zygote
-
-
-def _zygote_env() -> dict:
-    """The fork server's environment: a launch's, with the ``LD_LIBRARY_PATH`` that Open MPI's
-    prterun gives its ranks (its lib directory put first), as the dynamic loader reads it at start."""
-    env = mpi_env()
-    if os.environ.get("HPCPS_MPI") == "openmpi":
-        r = subprocess.run([mpiexec(), "-n", "1", "printenv", "LD_LIBRARY_PATH"], env=env, capture_output=True,
-                           text=True, timeout=60)
-        env["LD_LIBRARY_PATH"] = r.stdout.strip()
-    return env
-
-
-def python(hosts: str | None = None) -> list:
-    """How a launch starts each rank's interpreter: through the fork server on this machine
-    (``tests/zygote_client.py``), plain ``python`` on pretend hosts or where there is none."""
-    if hosts is None and zygote():
-        return [sys.executable, "-S", str(Path(__file__).with_name("zygote_client.py"))]
-    return [sys.executable]
+zygote = zygotes.local          # this pytest process's rank fork server (tests/zygotes.py)
+python = zygotes.python
 
 
 def launcher(n: int, hosts: str | None = None) -> list:
@@ -161,8 +116,7 @@ def mpi_env(extra=None) -> dict:
     env.pop("HPCPS_TRANSPORT", None)
     env.pop("HPCPS_MPI_THREADS", None)
     env["HPCPS_MPIEXEC"] = mpiexec()
-    if _zygote:
-        env["HPCPS_TEST_ZYGOTE"] = os.path.join(_zygote, "sock")
+    env.update(zygotes.environment())
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     # `hpcps train` restarts itself with glibc's tcache off (a heap that does not fragment over
     # thousands of steps); a test's few steps do not need it, and the restart costs ~1 s of a 10 s
@@ -385,13 +339,16 @@ def launched_pid(tag: str, rank: int):
 def _forked(pid: int) -> int:
     """The rank that the zygote client ``pid`` waits for, or ``pid`` itself where it is the rank."""
     deadline = time.time() + 10
-    while _zygote and time.time() < deadline:
+    while zygotes.pids_dirs() and time.time() < deadline:
         try:
             if b"zygote_client" not in open(f"/proc/{pid}/cmdline", "rb").read():
                 return pid
-            return int((Path(_zygote) / "pids" / str(pid)).read_text())
+            for d in zygotes.pids_dirs():
+                if (d / str(pid)).exists():
+                    return int((d / str(pid)).read_text())
         except (OSError, ValueError):
-            time.sleep(0.05)
+            pass
+        time.sleep(0.05)
     return pid
 
 

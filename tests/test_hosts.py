@@ -75,6 +75,17 @@ def test_hosts_are_separate_nodes_to_mpi():
                                                                      ("2", "h1", "2")]
 
 
+def test_ranks_on_pretend_hosts_fork_from_their_own_hosts_fork_server():
+    """tests/zygotes.py: a rank on a pretend host is forked (torch already imported) by a fork
+    server started inside that host: its hostname and network namespace are the host's."""
+    r = run_mpi(3, ["zygote_probe.py"], hosts="h0:1,h1:2")
+    ranks = sorted((json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")), key=lambda x: x["rank"])
+    assert [(x["rank"], x["host"], x["preloaded"]) for x in ranks] == [(0, "h0", True), (1, "h1", True),
+                                                                       (2, "h1", True)], r.stdout
+    own = os.stat("/proc/self/ns/net").st_ino
+    assert ranks[1]["netns"] == ranks[2]["netns"] and len({own, ranks[0]["netns"], ranks[1]["netns"]}) == 3
+
+
 @pytest.mark.parametrize("stateful", [False, pytest.param(True, marks=pytest.mark.openmpi)], ids=["plain", "staged"])
 def test_concurrent_pushes_to_a_local_and_a_remote_ps_lose_no_update(stateful):
     # 2 PS spread over 2 hosts (ranks 2 on h0, 4 on h1): every worker has one PS on its host

@@ -1,5 +1,6 @@
 """A fork server for the ranks of test launches under MPICH and Open MPI (one per pytest process,
-started by ``mpirun.zygote``): it imports torch, numpy and h5py once, and forks a rank for each
+and one in each pretend host its launches use: ``tests/zygotes.py``): it imports torch, numpy,
+h5py and hpcps's MPI-free modules once, and forks a rank for each
 ``tests/zygote_client.py`` that asks, instead of each rank paying ~1.3 s of CPU to import torch
 (~700 ranks a suite). The forked rank runs ``python ARGV...`` as a fresh interpreter would: the
 client's argv, environment, working directory, stdin/stdout/stderr and hydra's PMI socket (Open
@@ -11,8 +12,8 @@ answers ``no`` and the client execs python.
 Lifetimes: the client waits for its rank and ends as it ended; a client gone (killed) takes its
 rank with it (SIGKILL from here); the zygote ends when its stdin closes (its pytest process is
 gone), killing what it forked. ``pids/CLIENT`` holds the rank's pid while it runs
-(``mpirun.rank_pid``). Not a part of hpcps: launches by users, Slurm, pretend hosts, Intel MPI and
-the benchmarks start their interpreters as usual."""
+(``mpirun.rank_pid``). Not a part of hpcps: launches by users, Slurm and Intel MPI start their
+interpreters as usual."""
 
 import array
 import json

@@ -1,6 +1,6 @@
 """A test launch's rank, started by MPICH's hydra as ``python -S zygote_client.py ARGV...`` in place
 of ``python ARGV...``: it asks the zygote of this pytest process (``tests/zygote.py``, torch
-already imported) to fork the rank, hands it its stdin, stdout, stderr and PMI socket (MPICH's
+already imported), or of its pretend host (``tests/zygotes.py``), to fork the rank, hands it its stdin, stdout, stderr and PMI socket (MPICH's
 hydra; Open MPI's ranks find their PMIx server by name), passes on
 the signals it is sent, and ends as the rank ends (its exit status, or killed by the same signal).
 Where the zygote cannot serve the launch as a fresh interpreter would run it, it runs
@@ -23,7 +23,11 @@ def run_here(argv):
 
 
 def main(argv):
+    netns = os.stat("/proc/self/ns/net").st_ino
     path, pmi = os.environ.get("HPCPS_TEST_ZYGOTE", ""), os.environ.get("PMI_FD", "")
+    on_host = os.path.join(os.environ.get("HPCPS_TEST_ZYGOTE_HOSTS", "/nonexistent"), str(netns), "sock")
+    if os.path.exists(on_host):                     # a pretend host's (tests/zygotes.py)
+        path = on_host
     pmix = "PMIX_RANK" in os.environ                # Open MPI: the rank finds its PMIx server by name
     if not path or not (pmi.isdigit() or pmix) or os.environ.get("I_MPI_ROOT"):
         run_here(argv)
@@ -43,7 +47,7 @@ def main(argv):
         run_here(argv)
     fds = [0, 1, 2] + ([int(pmi)] if pmi.isdigit() else [])
     request = json.dumps({"argv": argv, "env": dict(os.environ), "cwd": os.getcwd(), "fds": fds,
-                          "executable": sys.executable, "netns": os.stat("/proc/self/ns/net").st_ino}).encode()
+                          "executable": sys.executable, "netns": netns}).encode()
     conn.sendmsg([struct.pack("!I", len(request)), request],
                  [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
     reader = conn.makefile("rb")

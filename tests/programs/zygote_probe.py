@@ -3,6 +3,7 @@
 import json
 import os
 import signal
+import socket
 import sys
 import time
 
@@ -14,7 +15,8 @@ from mpi4py import MPI  # noqa: E402
 comm = MPI.COMM_WORLD
 sys.stdout.write(json.dumps({"rank": comm.rank, "size": comm.size, "argv": sys.argv, "cwd": os.getcwd(), "main": __name__,
                   "path0": sys.path[0], "tag": os.environ.get("PROBE"), "preloaded": preloaded,
-                  "random": float(np.random.random()), "ppid": os.getppid()}) + "\n")
+                  "random": float(np.random.random()), "ppid": os.getppid(),
+                  "host": socket.gethostname(), "netns": os.stat("/proc/self/ns/net").st_ino}) + "\n")
 sys.stdout.flush()
 comm.Barrier()
 if sys.argv[1:2] == ["wait"]:           # until SIGUSR1 comes (passed on by the rank's client)
