@@ -339,11 +339,11 @@ def launched_pid(tag: str, rank: int):
 def _forked(pid: int) -> int:
     """The rank that the zygote client ``pid`` waits for, or ``pid`` itself where it is the rank."""
     deadline = time.time() + 10
-    while zygotes.pids_dirs() and time.time() < deadline:
+    while (dirs := zygotes.pids_dirs()) and time.time() < deadline:
         try:
             if b"zygote_client" not in open(f"/proc/{pid}/cmdline", "rb").read():
                 return pid
-            for d in zygotes.pids_dirs():
+            for d in dirs:
                 if (d / str(pid)).exists():
                     return int((d / str(pid)).read_text())
         except (OSError, ValueError):

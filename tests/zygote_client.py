@@ -1,8 +1,8 @@
 """A test launch's rank, started by MPICH's hydra as ``python -S zygote_client.py ARGV...`` in place
 of ``python ARGV...``: it asks the zygote of this pytest process (``tests/zygote.py``, torch
-already imported), or of its pretend host (``tests/zygotes.py``), to fork the rank, hands it its stdin, stdout, stderr and PMI socket (MPICH's
-hydra; Open MPI's ranks find their PMIx server by name), passes on
-the signals it is sent, and ends as the rank ends (its exit status, or killed by the same signal).
+already imported), or of its pretend host (``tests/zygotes.py``), to fork the rank, hands it its
+stdin, stdout, stderr and PMI socket (MPICH's hydra; Open MPI's ranks find their PMIx server by
+name), passes on the signals it is sent, and ends as the rank ends (its exit status, or killed by the same signal).
 Where the zygote cannot serve the launch as a fresh interpreter would run it, it runs
 ``python ARGV...`` itself (exec: the same process). Standard library only (``-S``)."""
 

@@ -125,5 +125,7 @@ def environment() -> dict:
 
 def pids_dirs() -> list:
     """The directories where the fork servers write, per client, the pid of the rank it waits for."""
-    return [Path(_local) / "pids"] * bool(_local) + [Path(_hosts_dir) / d / "pids" for d in
-                                                      (os.listdir(_hosts_dir) if _hosts_dir else [])]
+    dirs = [Path(_local) / "pids"] if _local else []
+    if _hosts_dir:
+        dirs += [Path(_hosts_dir) / d / "pids" for d in os.listdir(_hosts_dir)]
+    return dirs
