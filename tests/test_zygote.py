@@ -4,6 +4,9 @@ would, ends as it ends, and a launch it cannot run so runs for real."""
 import json
 import os
 import signal
+import socket
+import struct
+import sys
 import time
 from pathlib import Path
 
@@ -66,3 +69,19 @@ def test_exit_status_and_signals_reach_the_launch(tmp_path):
     assert rc in (9, 137), err                                  # hydra: 9; Open MPI's prterun: 128 + 9
     log = (Path(zygote()) / "log").read_text()
     assert "environment read at start differs: OMP_NUM_THREADS" in log and "forked: -m mpi4py" in log
+
+
+def test_a_client_gone_before_its_answer_leaves_the_fork_server_serving():
+    # a launch killed while its clients wait for their answers (test_checkpoint_mpi's kills): the
+    # zygote's answer meets a closed connection, and must neither end the zygote nor leave a rank
+    from mpirun import mpi_env
+    sock = Path(zygote()) / "sock"
+    for argv in (["-m", "mpi4py", str(PROGRAMS / "zygote_probe.py"), "sleep"], ["-X", "dev", "x.py"]):
+        request = json.dumps({"argv": argv, "env": mpi_env(), "cwd": os.getcwd(), "fds": [],   # forked; declined
+                              "executable": sys.executable, "netns": os.stat("/proc/self/ns/net").st_ino})
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.connect(str(sock))
+            conn.sendall(struct.pack("!I", len(request)) + request.encode())
+    ranks = _ranks(run_mpi(2, ["zygote_probe.py"]).stdout)
+    assert len(ranks) == 2 and all(x["preloaded"] for x in ranks)
+    assert not list((Path(zygote()) / "pids").iterdir())         # the orphan rank was killed and reaped

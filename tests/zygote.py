@@ -120,7 +120,10 @@ class Zygote:
         if why:
             for fd in fds:
                 os.close(fd)
-            conn.sendall(b"no\n")
+            try:
+                conn.sendall(b"no\n")
+            except OSError:                 # the client is gone
+                pass
             conn.close()
             return None
         client = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
@@ -132,7 +135,11 @@ class Zygote:
         self.ranks[pid] = (conn, client)
         with open(os.path.join(self.dir, "pids", str(client)), "w") as f:
             f.write(str(pid))
-        conn.sendall(b"pid %d\n" % pid)
+        try:
+            conn.sendall(b"pid %d\n" % pid)
+        except OSError:                     # the client was killed before its answer (a killed launch):
+            os.kill(pid, signal.SIGKILL)    # so is its rank; reap() closes the connection
+            return None
         self.sel.register(conn, selectors.EVENT_READ, pid)
         return None
 

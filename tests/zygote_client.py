@@ -51,7 +51,10 @@ def main(argv):
     conn.sendmsg([struct.pack("!I", len(request)), request],
                  [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
     reader = conn.makefile("rb")
-    answer = reader.readline().split()
+    try:
+        answer = reader.readline().split()
+    except OSError:                             # the zygote died first: a rank it forked dies with it
+        answer = []
     if not answer or answer[0] != b"pid":
         conn.close()
         run_here(argv)                          # the zygote declined: run as a fresh interpreter
@@ -62,7 +65,10 @@ def main(argv):
         os.dup2(null, fd)
     for sig in pending:
         os.kill(child[0], sig)
-    line = reader.readline().split()
+    try:
+        line = reader.readline().split()
+    except OSError:
+        line = []
     if not line:                                # the zygote died: the rank goes with it
         try:
             os.kill(child[0], signal.SIGKILL)

@@ -19,6 +19,7 @@ CLUSTER = HERE.parent / "scripts" / "cluster.sh"
 CLIENT = [sys.executable, "-S", str(HERE / "zygote_client.py")]
 
 _local = None                   # this machine's fork server's directory, once started
+_local_proc = None              # and its process, where this process started it
 _hosts_dir = None               # the pretend hosts' fork servers' directories: <netns inode>/
 _on_hosts: dict = {}            # netns inode -> that host's fork server (Popen)
 
@@ -56,11 +57,13 @@ def _stop(proc: subprocess.Popen) -> None:
 
 def local() -> str | None:
     """This machine's fork server's directory (its ``sock``), started on first use (or the one of
-    the process that started this one, named by ``$HPCPS_TEST_ZYGOTE``); None where launches
-    start their interpreters as usual (``enabled``)."""
-    global _local
+    the process that started this one, named by ``$HPCPS_TEST_ZYGOTE``), started again if it died;
+    None where launches start their interpreters as usual (``enabled``)."""
+    global _local, _local_proc
     if not enabled():
         return None
+    if _local_proc is not None and _local_proc.poll() is not None:
+        _local = _local_proc = None
     inherited = os.environ.get("HPCPS_TEST_ZYGOTE", "")
     if _local is None and os.path.exists(inherited):   # a benchmark's smoke test: its pytest process's
         _local = os.path.dirname(inherited)
@@ -69,7 +72,7 @@ def local() -> str | None:
         proc = _start([], d)
         _ready(proc, "this machine")
         atexit.register(lambda: (_stop(proc), shutil.rmtree(d, ignore_errors=True)))
-        _local = d
+        _local, _local_proc = d, proc
     return _local
 
 
