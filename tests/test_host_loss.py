@@ -21,12 +21,10 @@ def test_the_large_workload_on_16_ranks_and_4_hosts_survives_a_lost_host_bit_equ
     from its partner copy) and end with the straight run's bits; 3 PS + 9 workers then load the
     filesystem level resharded and export those very bits."""
     out = tmp_path / "bl.json"
-    # its ranks start as fresh interpreters (HPCPS_TEST_ZYGOTE=0): forked by fork servers on the
-    # 4 pretend hosts (tests/zygotes.py), its first launch took over 248 s (why is not known yet)
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_host_loss.py"), "--hosts", "4", "--ranks", "16",
                         "--num-ps", "4", "--reshard", "3+9", "--scale", "0.001", "--steps", "12", "--local-every", "3",
                         "--out", str(out)], capture_output=True, text=True, timeout=600,
-                       env=mpi_env({"HPCPS_CLUSTER_BENCH": f"b{os.getpid() % 1000000}", "HPCPS_TEST_ZYGOTE": "0"}))
+                       env=mpi_env({"HPCPS_CLUSTER_BENCH": f"b{os.getpid() % 1000000}"}))
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
     res = json.loads(out.read_text())
     assert all(res["checks"].values()) and len(res["checks"]) == 5, res["checks"]
