@@ -26,10 +26,10 @@ mpirun.SKIP_MALLOC_TUNE = True   # a test's few steps do not need glibc's tcache
 # beside the others' computing. (A third process for them alone ran the leg no faster: their jobs'
 # ranks then took CPU from two computing files instead of one.)
 LONGEST_FIRST = ["test_slurm.py", "test_checkpoint_mpi.py", "test_slurm_hosts.py", "test_scripts.py",
-                 "test_train_mpi.py", "test_failures.py", "test_dynamic_mpi.py", "test_host_loss.py", "test_deterministic_mpi.py",
-                 "test_predict.py", "test_hosts.py", "test_tune.py", "test_tables_mpi.py", "test_evaluation.py",
-                 "test_dynamic_train.py", "test_abuse_runs.py", "test_cli.py", "test_monitor.py", "test_parallel.py",
-                 "test_layers.py", "test_abuse.py"]
+                 "test_train_mpi.py", "test_predict.py", "test_failures.py", "test_dynamic_mpi.py", "test_host_loss.py",
+                 "test_tables_mpi.py", "test_hosts.py", "test_deterministic_mpi.py", "test_layers.py", "test_tune.py",
+                 "test_evaluation.py", "test_abuse_runs.py", "test_monitor.py", "test_cli.py", "test_dynamic_train.py",
+                 "test_abuse.py", "test_parallel.py"]
 
 
 def pytest_sessionstart(session):
@@ -53,7 +53,8 @@ def pytest_collection_modifyitems(session, config, items):
         if left:
             config.hook.pytest_deselected(items=left)
             items[:] = [item for item in items if not item.get_closest_marker("openmpi_only")]
-    if getattr(config.option, "numprocesses", None):
+    # xdist's workers collect (its controller deals their order), and see numprocesses None there
+    if "PYTEST_XDIST_WORKER" in os.environ:
         rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
         items.sort(key=lambda item: rank.get(item.path.name, len(rank)))     # stable: the rest in order
 
