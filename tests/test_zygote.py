@@ -85,3 +85,13 @@ def test_a_client_gone_before_its_answer_leaves_the_fork_server_serving():
     ranks = _ranks(run_mpi(2, ["zygote_probe.py"]).stdout)
     assert len(ranks) == 2 and all(x["preloaded"] for x in ranks)
     assert not list((Path(zygote()) / "pids").iterdir())         # the orphan rank was killed and reaped
+
+
+def test_library_search_paths_that_find_the_same_directories_match():
+    # Open MPI's prted gives a rank on another pretend host its lib directory 4 times and a
+    # trailing ':': the zygote that holds it once forks that rank (tests/test_hosts.py's launches)
+    import zygote as server
+    lib = "/venv/mpi/openmpi/lib"
+    assert server.fixed({"LD_LIBRARY_PATH": f"{lib}:{lib}:{lib}:{lib}:"}) == server.fixed({"LD_LIBRARY_PATH": lib})
+    assert server.fixed({"LD_LIBRARY_PATH": f"/a:{lib}"}) != server.fixed({"LD_LIBRARY_PATH": f"{lib}:/a"})
+    assert server.fixed({"LD_PRELOAD": "x", "HOME": "/root"}) == {"LD_PRELOAD": "x"}

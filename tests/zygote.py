@@ -34,7 +34,14 @@ FIXED = ("PYTHON", "OMP_", "GOMP_", "OPENBLAS", "MKL_", "KMP_", "LD_", "GLIBC_TU
 
 
 def fixed(env: dict) -> dict:
-    return {k: v for k, v in env.items() if k.startswith(FIXED)}
+    out = {k: v for k, v in env.items() if k.startswith(FIXED)}
+    if "LD_LIBRARY_PATH" in out:
+        # the directories the loader searches, in order: Open MPI's prted on another pretend host
+        # gives its ranks the launch's lib directory 4 times and a trailing ':' (the working
+        # directory, the repository's root here, which holds no library)
+        dirs = out["LD_LIBRARY_PATH"].split(":")
+        out["LD_LIBRARY_PATH"] = ":".join(d for i, d in enumerate(dirs) if d and d not in dirs[:i])
+    return out
 
 
 def _receive(conn):
