@@ -7,11 +7,12 @@ network namespace: ``$HPCPS_TEST_ZYGOTE_HOSTS/<namespace inode>/sock``, else
 kills it, and a lost host's processes are killed with it); the next launch there starts another.
 
 Sessions: Linux's scheduler (``kernel.sched_autogroup_enabled``, on by default) shares the CPUs
-first among sessions, then among a session's processes. A fork server in a session of its own puts
-its ranks in one group, as a launch's own session holds its fresh ranks. The hosts' servers share
-the session of the process that started them: one session a host put a 16-rank launch on 4 hosts
-in 4 groups, where a waiting rank's ``sched_yield`` only passes the CPU to its own host's waiting
-ranks; its first run took 163 s against 30 s in one session (scripts/bench_host_loss.py, 4 hosts)."""
+first among sessions, then among a session's processes. This machine's server has a session of its
+own, so a launch's forked ranks are one group, as a launch's fresh ranks are (its own session). The
+hosts' servers stay in the session of the process that started them (a process group of their own):
+with a session per host, a 16-rank launch on 4 hosts was 4 groups, a waiting rank's ``sched_yield``
+passed the CPU only to its own host's waiting ranks, and scripts/bench_host_loss.py's first run took
+163 s against 30 s in one session."""
 
 import atexit
 import os
@@ -46,8 +47,8 @@ def _start(argv: list, directory: str, own_session: bool = True) -> subprocess.P
                            text=True, timeout=60)
         env["LD_LIBRARY_PATH"] = r.stdout.strip()
     return subprocess.Popen([*argv, sys.executable, str(HERE / "zygote.py"), directory], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, env=env, cwd=HERE.parent,
-                            **({"start_new_session": True} if own_session else {"process_group": 0}))
+                            stdout=subprocess.PIPE, env=env, cwd=HERE.parent, start_new_session=own_session,
+                            process_group=None if own_session else 0)
 
 
 def _ready(proc: subprocess.Popen, where: str) -> None:
