@@ -182,6 +182,8 @@ class Zygote:
         self.sel.unregister(conn)        # reap() sends nothing to it then, and closes it
 
     def close(self):
+        signal.set_wakeup_fd(-1)            # the SIGCHLDs of the kills below come while the sockets close
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         for pid in list(self.ranks):
             try:
                 os.kill(pid, signal.SIGKILL)
