@@ -14,7 +14,7 @@ __all__ = ["main"]
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 BENCHES = ("e2e", "sparse_grid", "scaling", "checkpoint", "dtype", "hosts", "data", "deterministic", "mpis",
-           "quality", "predict", "monitor", "scale", "host_loss", "plan", "peers")   # bench_sparse.py runs under mpiexec itself
+           "quality", "predict", "monitor", "scale", "host_loss", "plan", "peers", "failover")   # bench_sparse.py runs under mpiexec itself
 
 
 def _setup_logging(level: str, mpi: bool = True) -> None:
@@ -303,13 +303,13 @@ def _score(args, cfg) -> int:
 
 
 def _train(args, cfg) -> int:
-    from mpi4py import MPI
     from .runtime.stopping import EXIT_CHECKPOINTED, EXIT_STOPPED
     from .train import train
     final, e = _run_collective(train, cfg)
     if e is not None:
         return _error(e)
-    if MPI.COMM_WORLD.Get_rank() == 0:
+    from .train.failover import prints_summary
+    if prints_summary():
         from .train.summary import human_summary
         # both on stdout, the JSON line last: one stream keeps their order (stderr, forwarded apart by the
         # launcher, could land inside the JSON line where a log joins the two)

@@ -47,12 +47,14 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(session, config, items):
-    # marked openmpi_only: the MPICH leg runs a larger test of the same (named in the docstring)
+    # marked openmpi_only: the MPICH leg runs a larger test of the same (named in the docstring); ulfm:
+    # live failover, which needs Open MPI's ULFM
     if os.environ.get("HPCPS_MPI", "mpich") != "openmpi":
-        left = [item for item in items if item.get_closest_marker("openmpi_only")]
+        left = [item for item in items if item.get_closest_marker("openmpi_only") or item.get_closest_marker("ulfm")]
         if left:
             config.hook.pytest_deselected(items=left)
-            items[:] = [item for item in items if not item.get_closest_marker("openmpi_only")]
+            gone = set(map(id, left))
+            items[:] = [item for item in items if id(item) not in gone]
     # xdist's workers collect (its controller deals their order), and see numprocesses None there
     if "PYTEST_XDIST_WORKER" in os.environ:
         rank = {name: i for i, name in enumerate(LONGEST_FIRST)}

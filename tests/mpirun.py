@@ -97,12 +97,14 @@ zygote = zygotes.local          # this pytest process's rank fork server (tests/
 python = zygotes.python
 
 
-def launcher(n: int, hosts: str | None = None) -> list:
+def launcher(n: int, hosts: str | None = None, ft: bool = False) -> list:
     """``mpiexec -n n``; with ``hosts`` (``"h0:2,h1:1"``) the same on the pretend hosts of the cluster
-    ``$HPCPS_CLUSTER`` (``scripts/cluster.sh``), launched from the first of them."""
+    ``$HPCPS_CLUSTER`` (``scripts/cluster.sh``), launched from the first of them. ``ft``: Open MPI's
+    ``--with-ft ulfm`` (a lost rank does not end the launch: ``hpcps.train.failover``)."""
+    ulfm = ["--with-ft", "ulfm"] if ft else []
     if hosts is None:
-        return [mpiexec(), "-n", str(n)]
-    return [str(CLUSTER), "mpiexec", hosts, "-n", str(n)]
+        return [mpiexec(), *ulfm, "-n", str(n)]
+    return [str(CLUSTER), "mpiexec", hosts, *ulfm, "-n", str(n)]
 
 
 def mpi_env(extra=None) -> dict:
@@ -165,15 +167,15 @@ def kill_launch(proc: subprocess.Popen) -> None:
 
 
 def run_mpi(n: int, argv, timeout: float = 120, env=None, mpi4py_run: bool = True,
-            check: bool = True, preexec=None, hosts: str | None = None) -> subprocess.CompletedProcess:
-    """Run ``mpiexec -n n python [-m mpi4py] argv...`` (on pretend ``hosts``: see ``launcher``);
+            check: bool = True, preexec=None, hosts: str | None = None, ft: bool = False) -> subprocess.CompletedProcess:
+    """Run ``mpiexec -n n python [-m mpi4py] argv...`` (on pretend ``hosts``, ``ft``: see ``launcher``);
     kill the whole process group on timeout."""
     if isinstance(argv, (str, Path)):
         argv = [argv]
     argv = [str(a) for a in argv]
     if argv[0].endswith(".py") and not os.path.isabs(argv[0]):
         argv[0] = str(PROGRAMS / argv[0])
-    cmd = launcher(n, hosts) + python(hosts)
+    cmd = launcher(n, hosts, ft) + python(hosts)
     if mpi4py_run:
         cmd += ["-m", "mpi4py"]
     cmd += argv
@@ -285,13 +287,13 @@ def run_selected(request, launch: dict, root: Path, timeout: float = 900) -> dic
     return out
 
 
-def launch_mpi(n: int, argv, env=None, tag: str = "", hosts: str | None = None) -> subprocess.Popen:
+def launch_mpi(n: int, argv, env=None, tag: str = "", hosts: str | None = None, ft: bool = False) -> subprocess.Popen:
     """Start ``mpiexec -n n python -m mpi4py argv...`` in its own process group (caller must reap it).
-    ``tag`` marks every rank's environment so ``rank_pid`` can find them."""
+    ``tag`` marks every rank's environment so ``rank_pid`` can find them; ``ft``: see ``launcher``."""
     argv = [str(a) for a in argv]
     extra = dict(env or {})
     extra["HPCPS_TEST_TAG"] = tag = _auto_tag(tag)
-    cmd = launcher(n, hosts) + python(hosts) + ["-m", "mpi4py"] + argv
+    cmd = launcher(n, hosts, ft) + python(hosts) + ["-m", "mpi4py"] + argv
     started = time.time()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=mpi_env(extra), cwd=ROOT, start_new_session=True)

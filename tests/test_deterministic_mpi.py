@@ -117,3 +117,63 @@ def test_restart_on_more_ps_is_bit_equal_and_on_other_workers_close(tmp_path, ma
     a, b = np.load(tmp_path / "w2.npz"), np.load(main_straight)
     worst = max(float(np.abs(a[k] - b[k]).max()) for k in a.files)
     assert 0 < worst < 0.05, worst
+
+
+def _live(n, argv, ck, victims, tag, rng):
+    """Launch ``n`` ranks under ULFM, SIGKILL each victim (launch rank) in turn, a random moment after
+    the first checkpoint in ``ck`` and then after the job went on; ``(exit code, final summary, stderr)``."""
+    proc = launch_mpi(n, argv, env={"HPCPS_STEP_DELAY": "0.05"}, tag=tag, ft=True)
+    deadline = time.time() + 90
+    while time.time() < deadline and not store.list_checkpoints(ck):
+        time.sleep(0.05)
+    for victim in victims:
+        time.sleep(rng.uniform(0.2, 1.2))
+        pid = rank_pid(tag, victim)
+        assert pid, f"rank {victim} not found"
+        os.kill(pid, signal.SIGKILL)
+        time.sleep(1.0)                                        # the survivors shrink and go on
+    code, out, err = reap(proc, timeout=120)
+    finals = [json.loads(l)["final"] for l in out.splitlines() if l.startswith('{"final"')]
+    return code, finals[-1] if finals else None, err
+
+
+@pytest.mark.openmpi
+@pytest.mark.ulfm
+def test_live_failover_a_ps_then_a_worker_killed_ends_bit_equal_without_a_restart(tmp_path, main_straight):
+    # 6 ranks: 2 standbys (launch ranks 4, 5), a job of 1 PS (rank 3) and 3 workers. The PS is killed
+    # -9, standby 4 becomes the PS (the highest rank of the job's world); then a worker, and standby 5
+    # takes its place: the same PS and worker counts from the last checkpoint, so the same bits
+    rng = random.Random(os.getpid())
+    worker = rng.randrange(3)
+    argv = ["-m", "hpcps", "train", "--config", MAIN, "--set", *MAIN_SETS, "job.standby=2",
+            f"job.export={tmp_path / 'w.npz'}", f"checkpoint.dir={tmp_path / 'ck'}", "job.log_every=5"]
+    code, f, err = _live(6, argv, tmp_path / "ck", [3, worker], f"live-{os.getpid()}", rng)
+    assert code == 0 and f is not None, err[-3000:]
+    got = [(r["lost_ranks"], r["standbys_taking_over"]) for r in f["recoveries"]]
+    assert got == [([3], [4]), ([worker], [5])], f["recoveries"]
+    for r in f["recoveries"]:
+        assert 10 <= r["from_step"] < 60 and 0 < r["seconds_to_next_step"] < 30, r
+    assert f["num_ps"] == 1 and f["num_workers"] == 3 and "live failover (ULFM), 0 standby" in f["layout"]["failover"]
+    assert err.count("going on from the last checkpoint without a restart") == 2
+    _assert_bit_equal(tmp_path / "w.npz", main_straight)
+
+
+@pytest.mark.openmpi
+@pytest.mark.ulfm
+def test_live_failover_with_no_standby_goes_on_with_the_surviving_workers(tmp_path, main_straight):
+    rng = random.Random(os.getpid() + 1)
+    worker = rng.randrange(3)
+    argv = ["-m", "hpcps", "train", "--config", MAIN, "--set", *MAIN_SETS,
+            f"job.export={tmp_path / 'w.npz'}", f"checkpoint.dir={tmp_path / 'ck'}", "job.log_every=5"]
+    code, f, err = _live(4, argv, tmp_path / "ck", [worker], f"live0-{os.getpid()}", rng)
+    assert code == 0 and f is not None, err[-3000:]
+    assert [r["lost_ranks"] for r in f["recoveries"]] == [[worker]] and f["recoveries"][0]["standbys_taking_over"] == []
+    assert f["num_ps"] == 1 and f["num_workers"] == 2 and "too few standbys left" in err
+    a, b = np.load(tmp_path / "w.npz"), np.load(main_straight)      # other summation groups: close
+    assert max(float(np.abs(a[k] - b[k]).max()) for k in a.files) < 0.05
+
+
+def test_more_standbys_than_the_ranks_allow_are_refused_before_training(tmp_path):
+    r = _train(3, TINY, ["job.standby=2", f"checkpoint.dir={tmp_path / 'ck'}"], check=False)
+    assert r.returncode == 2 and "job.standby = 2 leaves 1 of the 3 ranks to train" in r.stderr, r.stderr[-2000:]
+    assert not (tmp_path / "ck").exists()

@@ -108,3 +108,20 @@ def test_the_layout_line_leaves_out_a_way_no_ps_is_reached():
     line = layout_line({"hosts": 1, "host_names": ["a"], "ranks_per_host": [3], "ps_per_host": [1],
                         "dense": "shm", "workers": [{"shm_ps": [0], "rma_ps": []}, {"shm_ps": [0], "rma_ps": []}]})
     assert line == "1 host (a: 3 ranks, 1 PS); workers 0,1: PS 0 by shared memory; dense all-reduce: shm"
+
+
+def test_standbys_spread_over_nodes_from_the_last_and_never_take_rank_0():
+    from hpcps.core.layout import place_standby
+    assert place_standby([0, 0, 0, 0, 0, 0], 2) == [4, 5]
+    assert place_standby([0, 0, 0, 3, 3, 3], 2) == [2, 5]        # one on each host: a lost host takes one
+    assert place_standby([0, 0, 2, 2, 4, 4], 1) == [5]
+    assert place_standby([0, 0, 0, 0], 0) == []
+
+
+@pytest.mark.parametrize("bad, want", [(-1, "integer >= 0"), (1.5, "integer >= 0"), (True, "integer >= 0"),
+                                       (3, "leaves 2 of the 5 ranks to train, fewer than job.num_ps = 2 PS")])
+def test_impossible_standby_counts_are_named(bad, want):
+    from hpcps.core.layout import check_standby
+    with pytest.raises(ValueError, match=want.replace(".", r"\.")):
+        check_standby(bad, 2, 5)
+    assert check_standby(2, 2, 5) == 2

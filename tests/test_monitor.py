@@ -124,6 +124,45 @@ def test_a_straggler_host_and_a_silent_rank_are_named():
     assert "3.0x the median host's 4.0 ms" in alerts[0]["message"]
 
 
+def _final(stdout):
+    return [json.loads(x)["final"] for x in stdout.splitlines() if x.startswith('{"final"')][-1]
+
+
+@pytest.mark.openmpi
+def test_rebalance_makes_a_standby_a_second_ps_while_the_job_runs(tmp_path):
+    """1 PS + 2 workers + 1 standby, the PS short of CPU (each row it applies takes 0.2 ms more):
+    monitor.on_alert = rebalance. The overload alert makes the standby a second PS from the stop's
+    checkpoint, in the same processes; if the PS are still overloaded with no standby left, the job
+    stops with its checkpoint (exit 85) for a restart with the layout it asks for."""
+    ck, m = tmp_path / "ck", tmp_path / "m.jsonl"
+    sets = ["--config", TINY, "--set", f"checkpoint.dir={ck}", "metrics.every=0.3", f"metrics.path={m}",
+            "job.steps=400", "monitor.on_alert=rebalance", "job.standby=1", "job.log_every=10"]
+    r = run_mpi(4, ["monitor_cases.py", "slow_rows", *sets], env={"HPCPS_TEST_ROW_DELAY": "2e-4"}, timeout=180,
+                check=False)
+    assert r.returncode in (0, 85), r.stderr[-3000:]
+    f = _final(r.stdout)
+    assert f["num_ps"] == 2 and f["recoveries"][0]["rebalanced_to_num_ps"] == 2, f.get("recoveries")
+    assert f["recoveries"][0]["standbys_taking_over"] == [3] and "1 standby rank becomes PS (2 PS in all)" in r.stderr
+    runs = {rec["run"] for rec in _records(m) if "samples_per_s" in rec}
+    assert len(runs) == 2                                     # before and after, one process each rank
+    if r.returncode == 85:                                    # overloaded again, no standby left
+        assert "no standby is left" in r.stderr and json.loads((ck / "LAYOUT").read_text())["job.num_ps"] > 2
+    else:
+        assert f["steps"] == 400 and not (ck / "STOPPED").exists()
+
+
+def test_a_rebalance_file_adds_a_ps_from_a_standby_and_standbys_without_ulfm_say_what_they_do(tmp_path):
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    (ck / "REBALANCE").touch()                                # seen at the first step boundary
+    r = run_mpi(4, ["-m", "hpcps", "train", "--config", TINY, "--set", f"checkpoint.dir={ck}", "job.steps=40",
+                    "job.standby=1"], timeout=120)
+    f = _final(r.stdout)
+    assert f["steps"] == 40 and f["num_ps"] == 2 and f["recoveries"][0]["rebalanced_to_num_ps"] == 2
+    assert not (ck / "REBALANCE").exists() and "rebalance requested (the file" in r.stderr
+    assert "for rebalancing only" in r.stderr and "--with-ft ulfm" in r.stderr    # MPICH: no live failover
+
+
 def test_the_overload_rule_needs_both_a_busy_ps_and_waiting_workers_and_sizes_the_layout():
     rows = _board(4, 2)
     host_of, names, ps_ranks = [0, 0, 0, 0], ["h"], [0, 1]
@@ -163,7 +202,7 @@ def test_a_sync_ps_that_holds_the_workers_back_alerts_though_it_is_never_busy_90
 
 @pytest.mark.parametrize("key,value,msg", [("metrics.every", "-1", "must be seconds >= 0"),
                                            ("monitor.memory", "1.5", "must be a share in (0, 1]"),
-                                           ("monitor.on_alert", "stop", "must be log or checkpoint_and_stop")])
+                                           ("monitor.on_alert", "stop", "must be log, checkpoint_and_stop or rebalance")])
 def test_monitor_settings_are_checked(key, value, msg):
     from hpcps.config import load_config
     with pytest.raises(ValueError, match=f"{key}.*{msg}".replace("(", r"\(").replace(")", r"\)")

@@ -22,9 +22,19 @@ PIN_STALE_S = 3600.0    # a pin of another host is kept this long (its process c
 STALE_S, BEAT_S = 120.0, 20.0
 
 
+_job_token = None           # one launch's id: its ranks take over each other's locks (set_job_token)
+
+
+def set_job_token(token: str | None) -> None:
+    """Name this launch (the same on every rank): a lock a rank of it took counts as this job's, so
+    another of its ranks takes it over once a lost rank's work moved (``hpcps.train.failover``). Local."""
+    global _job_token
+    _job_token = token
+
+
 def _me() -> dict:
     return {"host": socket.gethostname(), "pid": os.getpid(), "slurm_job": os.environ.get("SLURM_JOB_ID"),
-            "time": time.time()}
+            "time": time.time(), "launch": _job_token}
 
 
 def _alive(pid) -> bool:
@@ -71,6 +81,8 @@ class DirLock:
             return True
         if me["slurm_job"] and holder.get("slurm_job") == me["slurm_job"]:
             return True                                  # a requeued run of the same Slurm job
+        if me.get("launch") and holder.get("launch") == me["launch"]:
+            return True                                  # this launch, before a rank was lost
         return holder.get("host") == me["host"] and not _alive(holder.get("pid"))
 
     def acquire(self) -> None:

@@ -122,8 +122,8 @@ def _check_monitor(cfg: Config) -> None:
         v = getattr(mon, key)
         _check(v > 0 and math.isfinite(v), f"monitor.{key}", v, "must be > 0")
     _check(mon.node_memory_mb >= 0, "monitor.node_memory_mb", mon.node_memory_mb, "must be >= 0 (0: the node's)")
-    _check(mon.on_alert in ("log", "checkpoint_and_stop"), "monitor.on_alert", mon.on_alert,
-           "must be log or checkpoint_and_stop")
+    _check(mon.on_alert in ("log", "checkpoint_and_stop", "rebalance"), "monitor.on_alert", mon.on_alert,
+           "must be log, checkpoint_and_stop or rebalance")
 
 
 def _check_tune(cfg: Config) -> None:
@@ -175,6 +175,7 @@ def _check_job(cfg: Config) -> None:
            f"must be one of {', '.join(THREAD_LEVELS)}")
     _check(j.step_delay >= 0, "job.step_delay", j.step_delay, "must be >= 0")
     _check(j.world_size >= 0, "job.world_size", j.world_size, "must be >= 0 (0: not checked)")
+    _check(j.standby >= 0, "job.standby", j.standby, "must be >= 0 (0: none)")
     _check(j.ps_layout in PS_LAYOUTS, "job.ps_layout", j.ps_layout, f"must be one of {PS_LAYOUTS}")
     _check(str(j.deterministic).lower() in SWITCHES, "job.deterministic", j.deterministic, "must be auto, true or false")
     _check(not (SWITCHES.get(str(j.deterministic).lower()) == "on" and not str(j.mode).startswith("sync")),

@@ -39,6 +39,7 @@ class JobConfig:
     malloc_tune: bool = True    # restart with glibc's tcache off, trim the heap, keep freed pages (hpcps.core.malloc)
     step_delay: float = 0.0     # seconds each worker sleeps per step (demos and fault tests)
     world_size: int = 0         # when > 0, the MPI world must have exactly this many ranks
+    standby: int = 0            # ranks held back to take a lost rank's place live (needs ULFM: hpcps.train.failover)
     progress_timeout: float = 600.0  # seconds a wait may see no progress before the job ends (0: never)
     ps_layout: str = "spread"   # which ranks are PS: spread (round robin over nodes) | last (highest ranks)
     deterministic: str = "auto"  # sync: sum pushes in worker order, bit-equal reruns: auto (on in sync) | true | false
@@ -198,6 +199,7 @@ class MonitorConfig:
     straggler: float = 1.5      # a host's own work per step over this many times the median host's
     silent: float = 3.0         # a rank that has not reported for this many metrics.every
     on_alert: str = "log"       # log | checkpoint_and_stop (exit 85, for a restart with the suggested layout)
+    #                             | rebalance (an overloaded PS: standbys become PS, no exit; job.standby)
 
 
 @dataclass

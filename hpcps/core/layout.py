@@ -9,7 +9,7 @@ blocks, that puts the PS on the last node(s) of the job, away from the workers.
 
 from collections.abc import Sequence
 
-__all__ = ["check_num_ps", "check_launch", "spread_ps", "place_ps", "PS_LAYOUTS"]
+__all__ = ["check_num_ps", "check_launch", "spread_ps", "place_ps", "PS_LAYOUTS", "check_standby", "place_standby"]
 
 PS_LAYOUTS = ("spread", "last")   # config key job.ps_layout
 
@@ -89,3 +89,34 @@ def place_ps(node_of_rank: Sequence[int], num_ps: int, how: str = "spread") -> l
         num_ps = check_num_ps(num_ps, len(node_of_rank))
         return list(range(len(node_of_rank) - num_ps, len(node_of_rank)))
     raise ValueError(f"ps_layout must be one of {PS_LAYOUTS}, got {how!r}")
+
+
+def check_standby(standby, num_ps: int, world_size: int) -> int:
+    """Return ``standby`` (config key ``job.standby``) as an int, or raise ``ValueError`` naming the
+    problem: the ranks left must hold ``num_ps`` PS and at least one worker. Local, pure."""
+    if isinstance(standby, bool) or not isinstance(standby, int) or standby < 0:
+        raise ValueError(f"job.standby must be an integer >= 0, got {standby!r}")
+    if standby and world_size - standby < num_ps + 1:
+        raise ValueError(f"job.standby = {standby} leaves {world_size - standby} of the {world_size} ranks to train, "
+                         f"fewer than job.num_ps = {num_ps} PS and one worker: launch at least "
+                         f"{num_ps + 1 + standby} ranks, or fewer standbys")
+    return standby
+
+
+def place_standby(node_of_rank: Sequence[int], standby: int) -> list[int]:
+    """World ranks held back as standbys, ascending. Local, pure.
+
+    Nodes are visited round-robin from the last one (node keys in order of first appearance), the
+    highest rank of each first: the standbys are spread over the nodes, so a lost node takes as few
+    of them as it can, and world rank 0 trains.
+    """
+    nodes: dict = {}
+    for rank, node in enumerate(node_of_rank):
+        nodes.setdefault(node, []).append(rank)
+    stacks = [sorted(ranks) for ranks in reversed(list(nodes.values()))]
+    chosen: list[int] = []
+    while len(chosen) < min(standby, len(node_of_rank)):
+        for stack in stacks:
+            if stack and len(chosen) < standby:
+                chosen.append(stack.pop())
+    return sorted(chosen)

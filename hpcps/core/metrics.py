@@ -64,7 +64,7 @@ class MetricsLog:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             self._f = open(path, "a", buffering=1)
             self._f.write(json.dumps({"start": {
-                "run": self.run, "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.t0)),
+                "run": self.run, "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.t0)), "unix": round(self.t0, 4),
                 "command": _command(), "slurm_job": os.environ.get("SLURM_JOB_ID")}}) + "\n")
         self._tb = None
         if tensorboard:

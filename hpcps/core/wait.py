@@ -31,7 +31,8 @@ from .errors import StalledError
 from .settings import WAIT_POLICIES
 
 __all__ = ["WAIT_POLICIES", "backoff", "set_policy", "wait_request", "bells", "pause", "futex_wait", "futex_wake",
-           "HAVE_FUTEX", "BELL_TIMEOUT_S", "set_progress_timeout", "overdue", "quiet_barrier", "PROGRESS_TIMEOUT_S"]
+           "HAVE_FUTEX", "BELL_TIMEOUT_S", "set_progress_timeout", "overdue", "quiet_barrier", "PROGRESS_TIMEOUT_S",
+           "set_fault_check", "check_faults"]
 
 PROGRESS_TIMEOUT_S = 600.0  # default of job.progress_timeout
 _timeout = PROGRESS_TIMEOUT_S
@@ -45,6 +46,7 @@ _SLACK_NS = 1000            # timer slack while the policy is sleep
 
 _PR_SET_TIMERSLACK = 29
 _sleep = False
+_fault_check = None         # raises where a rank of the job was lost (hpcps.core.faults)
 
 
 def set_policy(name: str) -> None:
@@ -87,11 +89,30 @@ def set_progress_timeout(seconds: float) -> None:
 def overdue(started: float, misses: int, what) -> None:
     """In a wait that began at ``time.monotonic()`` ``started``, after its ``misses``-th fruitless
     poll: raise :class:`hpcps.core.errors.StalledError` saying ``what()`` (or ``what``) once the progress
-    timeout has passed. Looks at the clock every ``_CLOCK_EVERY`` misses only. Local."""
-    if misses % _CLOCK_EVERY or not _timeout or time.monotonic() - started <= _timeout:
+    timeout has passed. Looks at the clock (and for a lost rank, :func:`set_fault_check`) every
+    ``_CLOCK_EVERY`` misses only. Local."""
+    if misses % _CLOCK_EVERY:
+        return
+    if _fault_check is not None:
+        _fault_check()
+    if not _timeout or time.monotonic() - started <= _timeout:
         return
     text = what() if callable(what) else what
     raise StalledError(f"no progress for {_timeout:g} s (job.progress_timeout): {text}")
+
+
+def set_fault_check(check) -> None:
+    """Have every wait call ``check()`` (None: nothing) when it looks at the clock: it raises where
+    a rank of the job was lost (``hpcps.core.faults.FaultWatch``), so a rank that spins on shared
+    memory leaves its wait too. Local."""
+    global _fault_check
+    _fault_check = check
+
+
+def check_faults() -> None:
+    """Call the check :func:`set_fault_check` set, if any: for a wait with no progress timeout. Local."""
+    if _fault_check is not None:
+        _fault_check()
 
 
 def wait_request(req, what="an MPI request to complete") -> None:
@@ -114,6 +135,8 @@ def quiet_barrier(comm) -> None:
     req, start = comm.Ibarrier(), time.monotonic()
     while not req.Test():
         time.sleep(min(max(QUIET_SHARE * (time.monotonic() - start), _FIRST_S), QUIET_MAX_S))
+        if _fault_check is not None:
+            _fault_check()
 
 
 def bells() -> bool:

@@ -190,7 +190,9 @@ class Monitor:
             self.raised.append(record)
             if self.log is not None:
                 self.log.write(record)
-            if self.mon.on_alert == "checkpoint_and_stop" and self.on_alert is not None:
+            # rebalance: a PS overloaded stops the job for more PS (hpcps.train.failover); other alerts are logged
+            rebalance = self.mon.on_alert == "rebalance" and a.get("suggest_num_ps")
+            if (self.mon.on_alert == "checkpoint_and_stop" or rebalance) and self.on_alert is not None:
                 self.on_alert(a)
         self.active = now
         if self.active:

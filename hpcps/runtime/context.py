@@ -9,6 +9,7 @@ and returns a :class:`Context`. PS ranks hold table shards and wait in
 
 import os
 import time
+import weakref
 
 from mpi4py import MPI
 
@@ -24,15 +25,27 @@ from ..sparse.control import StepControl
 from ..sparse.pull_server import PullServer
 from .topology import Topology, abort_on_uncaught
 
-__all__ = ["init", "Context", "open_contexts"]
+__all__ = ["init", "Context", "open_contexts", "abandon_open"]
 
 _open = 0                   # contexts made and not finalized, in this process
+_made: list = []            # weak references to them (abandon_open)
 
 
 def open_contexts() -> int:
     """How many contexts of this process are made and not finalized: while one is, an error on
     this rank alone must end the whole job (the other ranks may wait in it). Local."""
     return _open
+
+
+def abandon_open() -> int:
+    """Give up every context of this process that is not finalized, freeing nothing (a rank of the
+    job was lost: its windows and communicators cannot be freed collectively; they stay until the
+    process ends). Returns how many. Local."""
+    global _open
+    gone = sum(ctx.abandon() for ctx in (ref() for ref in _made) if ctx is not None)
+    _made.clear()
+    _open = 0
+    return gone
 
 
 def init(num_ps: int | None = None, comm: MPI.Comm | None = None, *,
@@ -133,6 +146,7 @@ class Context(Topology):
         global _open
         super().__init__(world, num_ps, transport, wait, ps_layout)
         _open += 1
+        _made.append(weakref.ref(self))
         self.mode = mode
         self.deterministic = deterministic
         self._tables = []          # live tables, in creation order (frees are collective)
@@ -220,6 +234,8 @@ class Context(Topology):
             seen = self.control.bell()               # before looking: a ring after it is not lost
             if self.is_ps:
                 misses = 0 if self._poll() else misses + 1
+                if misses % 64 == 63:
+                    _wait.check_faults()             # a lost rank (hpcps.core.faults)
             else:
                 misses += 1
                 _wait.overdue(started, misses, "this worker finished; the other ranks have not reached finalize()")
@@ -302,6 +318,12 @@ class Context(Topology):
         self._finalized = True
         global _open
         _open -= 1
+
+    def abandon(self) -> bool:
+        """Give up this context without freeing anything (:func:`abandon_open`); later calls raise
+        ``FreedError``. Whether it was open. Local."""
+        was_open, self._finalized = not self._finalized, True
+        return was_open
 
     def __enter__(self) -> "Context":
         return self

@@ -35,15 +35,22 @@ def install() -> None:
 
 
 class StopRequest:
-    """Whether a stop was asked for: a signal since :func:`install`, or ``<ckpt_dir>/STOP``. Local."""
+    """Whether a stop was asked for: a signal since :func:`install`, ``<ckpt_dir>/STOP``, or
+    ``<ckpt_dir>/REBALANCE`` (a stop whose checkpoint a job with standbys goes on from with one PS
+    more: ``hpcps.train.failover``). Local."""
 
     def __init__(self, ckpt_dir: str):
         install()
         self.stop_file = Path(ckpt_dir) / "STOP" if ckpt_dir else None
+        self.rebalance_file = Path(ckpt_dir) / "REBALANCE" if ckpt_dir else None
 
     @property
     def flag(self) -> bool:
         return _flag
 
+    def rebalance(self) -> bool:
+        """Whether the REBALANCE file asks for one PS more. Local."""
+        return bool(self.rebalance_file and self.rebalance_file.exists())
+
     def requested(self) -> bool:
-        return _flag or bool(self.stop_file and self.stop_file.exists())
+        return _flag or bool(self.stop_file and self.stop_file.exists()) or self.rebalance()

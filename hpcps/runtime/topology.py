@@ -16,6 +16,7 @@ import traceback
 from mpi4py import MPI
 
 from ..core import wait as _wait
+from ..core.faults import track
 from ..core.layout import place_ps
 
 __all__ = ["Topology", "abort_on_uncaught", "ABORT_GRACE_S"]
@@ -67,7 +68,7 @@ class Topology:
                  ps_layout: str = "spread"):
         self.world = world
         self.transport = transport
-        self.node_comm = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
+        self.node_comm = track(world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank()))
         # more ranks than CPUs here: waiting ranks sleep instead of spinning (hpcps/core/wait.py)
         self.node_cpus = _node_cpus(self.node_comm)
         self.oversubscribed = self.node_comm.Get_size() > self.node_cpus
@@ -88,7 +89,7 @@ class Topology:
         self.node_ranks = frozenset(r for r, n in enumerate(node_of_rank) if n == node_leader)
         self.node_workers = [r for r in self.worker_world_ranks if r in self.node_ranks]   # this host's, ascending
         color = 0 if self.is_ps else 1
-        both = world.Split(color, key=me)
+        both = track(world.Split(color, key=me))
         self.ps_comm = both if self.is_ps else MPI.COMM_NULL
         self.worker_comm = both if self.is_worker else MPI.COMM_NULL
         self.ps_rank = self.ps_world_ranks.index(me) if self.is_ps else -1

@@ -23,6 +23,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+from ..core.faults import track
 from ..core.dynshard import EVICTIONS, DynamicShard, sum_rows
 from ..core.hashindex import owner_of
 from ..core.ids import initial_rows
@@ -100,7 +101,7 @@ class DynamicEmbeddingTable(DynamicCheckpointable, DynamicReceiving):
         self.optimizer = optimizer if optimizer is not None else SGD(lr=0.01)
         self.optimizer.check()
         self.ctx, self.name, self.dim, self.capacity = ctx, name, int(dim), int(capacity)
-        self.comm = ctx.world.Dup()                           # collective
+        self.comm = track(ctx.world.Dup())                    # collective
         P = ctx.num_ps
         self.caps = [self.capacity // P + (p < self.capacity % P) for p in range(P)]   # rows per PS
         self.shard = None

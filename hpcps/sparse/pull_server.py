@@ -23,6 +23,8 @@ import threading
 import numpy as np
 from mpi4py import MPI
 
+from ..core.faults import track
+
 __all__ = ["PullServer"]
 
 _REQUEST = 1                    # a request's tag; replies use tags from _FIRST_REPLY on
@@ -34,7 +36,7 @@ class PullServer:
 
     def __init__(self, ctx):
         self.ctx = ctx
-        self.comm = ctx.world.Dup()
+        self.comm = track(ctx.world.Dup())
         self._tables = {}                   # table number -> table (every rank numbers them alike)
         self._numbers = itertools.count()
         self._tags = itertools.count()      # worker: the reply tag of its next request

@@ -15,6 +15,7 @@ from .. import checkpoint as ckpt_mod
 from ..config import Config, deterministic, resolve_switch
 from ..runtime.context import init
 from ..core import counts
+from ..core.layout import check_standby
 from ..data import make_data
 from ..data.loader import BatchAhead, placement
 from ..data.loader import fits as loader_fits
@@ -27,6 +28,7 @@ from .tables import check_model_kind, make_tables, shard_bytes, pipeline_switche
 from .layout import backend_name, gather_layout, layout_line
 from .recovery import load_level, open_checkpointer, record_start
 from .telemetry import peak_rss
+from . import failover
 
 __all__ = ["train"]
 
@@ -36,11 +38,21 @@ logger = logging.getLogger(__name__)
 def train(cfg: Config) -> dict | None:
     """Run the job a config describes. Collective over ``MPI.COMM_WORLD``.
 
-    Returns the final summary on every rank (``hpcps train`` prints it on rank 0);
-    ``summary["stopped"]`` is True when a stop request ended the job; then ``summary["saved"]``
-    says whether it took a checkpoint first (absent after a run that was not stopped).
+    Returns the final summary on every rank (``hpcps train`` prints it where
+    :func:`hpcps.train.failover.prints_summary`); ``summary["stopped"]`` is True when a stop request
+    ended the job; then ``summary["saved"]`` says whether it took a checkpoint first (absent after a
+    run that was not stopped). Launched under ULFM, or with standbys, the job runs through
+    :func:`hpcps.train.failover.run` (live failover; rebalancing onto standbys).
     """
-    world = MPI.COMM_WORLD
+    if cfg.job.standby:                              # alike on every rank, before any communication
+        check_standby(cfg.job.standby, cfg.job.num_ps, MPI.COMM_WORLD.Get_size())
+    if failover.live(cfg):
+        return failover.run(cfg, _train)
+    return _train(cfg, MPI.COMM_WORLD)
+
+
+def _train(cfg: Config, world: MPI.Comm) -> dict | None:
+    """:func:`train` over ``world``. Collective over ``world``."""
     summary = None
     check_model_kind(cfg)                                                 # alike on every rank
     # torch on every rank, before any collective: a PS that imported it at its first stateful table
@@ -53,7 +65,7 @@ def train(cfg: Config) -> dict | None:
     if 0 < workers and cfg.data.batch_size < workers:
         raise ValueError(f"config: data.batch_size = {cfg.data.batch_size}: smaller than the {workers} workers "
                          f"(each worker takes a slice of the global batch): use at least {workers}")
-    with init(num_ps=j.num_ps, transport=j.transport, mode=j.mode, wait=j.wait, rma_read=j.rma_read,
+    with init(num_ps=j.num_ps, comm=world, transport=j.transport, mode=j.mode, wait=j.wait, rma_read=j.rma_read,
               world_size=j.world_size or None, progress_timeout=j.progress_timeout,
               ps_layout=j.ps_layout, deterministic=deterministic(j)) as ctx:
         # torch's default (every CPU, per rank) oversubscribes a node that runs several ranks: a PS
@@ -95,6 +107,7 @@ def train(cfg: Config) -> dict | None:
                                    "nothing left to train", start)
                 steps = start                          # the summary's steps: where it stopped
         ctx.control.set_start(start)                   # a barrier: every PS has its rows
+        failover.note_start(start)
         restore_s = time.perf_counter() - t_restore if resume_from is not None else 0.0
         log, held = None, 0
         if ctx.is_ps:
@@ -108,6 +121,7 @@ def train(cfg: Config) -> dict | None:
                 worker = Worker(cfg, ctx, data, tables, steps, start, resume_from, ckpt, stop, pipe, loader, monitor)
                 if layout is not None:
                     layout["dense"] = backend_name(worker.dense)
+                    layout["failover"] = failover.describe()
                     logger.info("hpcps: layout: %s", layout_line(layout))
                 summary, log = worker.run()
             if summary is not None:

@@ -65,8 +65,9 @@ def layout_line(layout: dict) -> str:
     mpi = layout.get("mpi")
     lib = "" if not mpi else (f"; MPI: {mpi['library']} {mpi['version']}, windows {mpi['windows']}"
                               + "".join(f", {k}={mpi[k]}" for k in ("OMPI_MCA_osc",) if k in mpi))
+    lost = f"; a lost rank: {layout['failover']}" if layout.get("failover") else ""
     return (f"{layout['hosts']} host{'s' * (layout['hosts'] != 1)} ({hosts}); {reads}; "
-            f"dense all-reduce: {layout['dense'] or '-'}{lib}")
+            f"dense all-reduce: {layout['dense'] or '-'}{lib}{lost}")
 
 
 def _span(xs) -> str:

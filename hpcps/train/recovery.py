@@ -247,10 +247,13 @@ class CheckpointTrigger:
 
     def __init__(self, cfg: Config, ckpt, stop, comm: MPI.Comm, lead: bool, start: int, control=None):
         self.c, self.ckpt, self.stop, self.comm, self.lead = cfg.checkpoint, ckpt, stop, comm, lead
+        self.on_alert = cfg.monitor.on_alert
         self.control = control          # the step protocol, for a stop asked of a PS rank
         self.meta = lambda step: {}     # what the checkpoint at a step adds to its manifest (worker 0's view)
         self.last_time, self.last_step, self.stopped = time.time(), start, False
         self.alert = None               # worker 0: the alert that asks to stop (monitor.on_alert)
+        self.num_ps = cfg.job.num_ps
+        self.rebalance_to = None        # worker 0: the PS count a stop to rebalance asks for
         self._flags = np.zeros(3, np.int64)
         self._req = None
         self.local_due = False          # a node-local checkpoint fell due and is not taken yet
@@ -325,12 +328,20 @@ class CheckpointTrigger:
     def _consume_stop_file(self, step: int) -> None:
         """Worker 0, after a stop's checkpoint committed: say why the job ends, and remove the STOP
         file it stopped on (left there, it would stop the next run after its first step). Local."""
-        stop_file = self.stop.stop_file
+        stop_file, again = self.stop.stop_file, self.stop.rebalance_file
         why = f"the file {stop_file}" if stop_file is not None and stop_file.exists() else "a signal"
+        if self.stop.rebalance():
+            why, self.rebalance_to = f"the file {again}", self.num_ps + 1
+            again.unlink(missing_ok=True)
         if self.alert is not None:
-            why = f"monitor.on_alert = checkpoint_and_stop, after the {self.alert['rule']} alert"
+            why = f"monitor.on_alert = {self.on_alert}, after the {self.alert['rule']} alert"
+            if self.on_alert == "rebalance":
+                self.rebalance_to = self.alert["suggest_num_ps"]
         if stop_file is not None:
             stop_file.unlink(missing_ok=True)
+        if self.rebalance_to is not None:
+            logger.warning("hpcps: rebalance requested (%s): checkpoint of step %d committed in %s", why, step, self.c.dir)
+            return
         logger.warning("hpcps: stop requested (%s): checkpoint of step %d committed in %s; exiting with code 85 "
                        "(a restart resumes from it)", why, step, self.c.dir)
 

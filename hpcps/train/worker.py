@@ -40,6 +40,7 @@ from ..sparse.pipeline import CommThread, PushBatch, RowCache
 from .best import Evaluations
 from .build import build_model, dense_optimizer, dense_schedule, make_lookups
 from .evaluation import evaluate, export_weights, step_loss
+from .failover import note_step
 from .recovery import CheckpointTrigger
 from .telemetry import EpochBar, Telemetry, pipeline_summary, progress_bar, thread_level_name, waits
 
@@ -291,6 +292,7 @@ class Worker:
         with logging_redirect_tqdm() if on_bar else contextlib.nullcontext():
             for step in range(start, steps):
                 self.step(step)
+                note_step(step)
                 self._done = step + 1
                 if self.monitor is not None:
                     self.monitor.tick(step + 1)
@@ -384,6 +386,8 @@ class Worker:
             stop["saved"] = self.trigger.ckpt is not None
             if self.trigger.alert is not None:
                 stop["stopped_by_alert"] = self.trigger.alert["rule"]
+            if self.trigger.rebalance_to is not None:       # hpcps.train.failover goes on with more PS
+                stop["rebalance"] = self.trigger.rebalance_to
         return {**result, "steps": done_steps, "start_step": self.start, **stop,
                 **self.trigger.summary(),
                 "samples_per_s": ran * self.cfg.data.batch_size / max(elapsed, 1e-9),

@@ -2,6 +2,8 @@
 monitor_cases.py CASE ARGS... (``hpcps train``'s arguments). CASE:
 
 - ``slow_ps``: every apply of the PS takes 30 ms longer (an overloaded PS);
+- ``slow_rows``: every apply takes ``$HPCPS_TEST_ROW_DELAY`` s (default 20 us) longer per row it
+  updates (a PS short of CPU: a second PS halves its work);
 - ``growing``: worker 0 holds 8 MB more after each step, up to 1.2 GB (a leak);
 - ``plain``: nothing changed.
 
@@ -29,6 +31,14 @@ if case == "slow_ps":
         time.sleep(0.03)
         return apply(*args, **kw)
     control.apply_staged = slow_apply
+elif case == "slow_rows":
+    apply, per_row = control.apply_staged, float(os.environ.get("HPCPS_TEST_ROW_DELAY", "2e-5"))
+
+    def slow_rows(*args, **kw):
+        rows = apply(*args, **kw)
+        time.sleep(rows * per_row)
+        return rows
+    control.apply_staged = slow_rows
 elif case == "growing":
     step, held = worker.Worker.step, []
 
