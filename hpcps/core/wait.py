@@ -93,8 +93,7 @@ def overdue(started: float, misses: int, what) -> None:
     ``_CLOCK_EVERY`` misses only. Local."""
     if misses % _CLOCK_EVERY:
         return
-    if _fault_check is not None:
-        _fault_check()
+    check_faults()
     if not _timeout or time.monotonic() - started <= _timeout:
         return
     text = what() if callable(what) else what
@@ -110,7 +109,7 @@ def set_fault_check(check) -> None:
 
 
 def check_faults() -> None:
-    """Call the check :func:`set_fault_check` set, if any: for a wait with no progress timeout. Local."""
+    """Call the check :func:`set_fault_check` set, if any. Local."""
     if _fault_check is not None:
         _fault_check()
 
@@ -135,8 +134,7 @@ def quiet_barrier(comm) -> None:
     req, start = comm.Ibarrier(), time.monotonic()
     while not req.Test():
         time.sleep(min(max(QUIET_SHARE * (time.monotonic() - start), _FIRST_S), QUIET_MAX_S))
-        if _fault_check is not None:
-            _fault_check()
+        check_faults()
 
 
 def bells() -> bool:

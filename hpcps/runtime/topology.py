@@ -19,7 +19,7 @@ from ..core import wait as _wait
 from ..core.faults import track
 from ..core.layout import place_ps
 
-__all__ = ["Topology", "abort_on_uncaught", "ABORT_GRACE_S"]
+__all__ = ["Topology", "abort_on_uncaught", "node_keys", "ABORT_GRACE_S"]
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +56,12 @@ def _node_cpus(node_comm: MPI.Comm) -> int:
     return len(set().union(*node_comm.allgather(mine)))
 
 
+def node_keys(world: MPI.Comm, node_comm: MPI.Comm) -> list:
+    """Each world rank's node key: the world rank of its node's first rank (``node_comm``: this
+    rank's node, a shared-memory split of ``world``). Collective over ``world``."""
+    return world.allgather(node_comm.bcast(world.Get_rank(), root=0))
+
+
 class Topology:
     """Communicators, roles and node facts of one job. Collective over ``world`` (it splits it).
 
@@ -76,8 +82,8 @@ class Topology:
             wait = "sleep" if self.oversubscribed else "yield"
         _wait.set_policy(wait)
         self.wait_policy = wait
-        node_leader = self.node_comm.bcast(world.Get_rank(), root=0)
-        node_of_rank = world.allgather(node_leader)
+        node_of_rank = node_keys(world, self.node_comm)
+        node_leader = node_of_rank[world.Get_rank()]
         self.ps_world_ranks = place_ps(node_of_rank, num_ps, ps_layout)
         self.node_of_rank = node_of_rank
         self.worker_world_ranks = [r for r in range(world.Get_size()) if r not in set(self.ps_world_ranks)]

@@ -46,6 +46,7 @@ from ..core import faults
 from ..core.faults import ulfm_note
 from ..core.layout import check_launch, place_standby
 from ..runtime.context import abandon_open
+from ..runtime.topology import node_keys
 
 __all__ = ["live", "run", "note_start", "note_step", "prints_summary", "describe"]
 
@@ -105,12 +106,12 @@ def note_step(step: int) -> None:
         _pending = None
 
 
-def _nodes(world: MPI.Comm) -> list:
-    """Each rank's node key (its node's first rank). Collective over ``world``."""
+def _placed(world: MPI.Comm, launch: MPI.Comm) -> tuple:
+    """``(each rank's node key, its launch rank)``. Collective over ``world``."""
     node = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
-    leader = node.bcast(world.Get_rank(), root=0)
+    keys = node_keys(world, node)
     node.Free()
-    return world.allgather(leader)
+    return keys, world.allgather(launch.Get_rank())
 
 
 def run(cfg, train_fn):
@@ -126,14 +127,14 @@ def run(cfg, train_fn):
         launch.Set_errhandler(MPI.ERRORS_RETURN)
     set_job_token(launch.bcast(uuid.uuid4().hex if launch.Get_rank() == 0 else None, root=0))
     world, attempt, recoveries = launch.Dup(), cfg, []
-    live_ok = _live_ok = ulfm and len(set(_nodes(world))) == 1   # alike on every rank
+    nodes, ids = _placed(world, launch)                          # again only after a shrink
+    live_ok = _live_ok = ulfm and len(set(nodes)) == 1           # alike on every rank
     if cfg.job.standby and not live_ok and launch.Get_rank() == 0:
         logger.warning("hpcps: job.standby = %d: for rebalancing only (monitor.on_alert = rebalance, or a "
                        "REBALANCE file): %s", cfg.job.standby, ACROSS_HOSTS if ulfm else ulfm_note())
     job_size, num_ps = launch.Get_size() - cfg.job.standby, cfg.job.num_ps
     while True:
-        ids = world.allgather(launch.Get_rank())                 # launch rank of each live rank
-        standby = place_standby(_nodes(world), max(0, world.Get_size() - job_size))
+        standby = place_standby(nodes, max(0, world.Get_size() - job_size))
         me = world.Get_rank()
         root = min(r for r in range(world.Get_size()) if r not in standby)
         _standbys = [ids[r] for r in standby]
@@ -151,6 +152,7 @@ def run(cfg, train_fn):
             if not live_ok:
                 _end_launch(launch)
             world, record = _recover(world, job, watch, every, ids, [ids[r] for r in standby])
+            nodes, ids = _placed(world, launch)
             recoveries.append(record)
             attempt = _resumed(attempt)
             continue
