@@ -4,6 +4,7 @@ import json
 import os
 import stat
 import time
+from pathlib import Path
 
 import pytest
 
@@ -50,6 +51,24 @@ def test_truncated_and_flipped_files_are_detected_and_older_used(tmp_path):
         store.resolve(str(newest), tmp_path)
     assert store.resolve("auto", tmp_path) == store.step_dir(tmp_path, 10)
     assert store.resolve("none", tmp_path) is None
+
+
+def test_own_commits_are_trusted_only_when_asked_and_only_while_unchanged(tmp_path, monkeypatch):
+    from hpcps.checkpoint import digest
+    hashed = []
+    of_file = digest.of_file
+    monkeypatch.setattr(digest, "of_file", lambda f, algo: hashed.append(Path(f).name) or of_file(f, algo))
+    monkeypatch.setattr(store, "_TRUST_OWN", [False])
+    newest = _make(tmp_path, 10)
+    hashed.clear()                                                        # commit's own hashing
+    assert store.verify(newest) == (True, "ok") and sorted(hashed) == ["dense.h5", "ps-00000.h5"]
+    store.trust_own_commits()
+    hashed.clear()
+    assert store.verify(newest) == (True, "ok") and hashed == []        # committed here, unchanged
+    time.sleep(0.05)                                                      # a new modification time
+    (newest / "dense.h5").write_bytes(b"DENSE" * 10)                     # same size, other bytes
+    ok, why = store.verify(newest)
+    assert not ok and "dense.h5" in why and hashed == ["dense.h5"]
 
 
 def test_uncommitted_tmp_is_ignored_and_cleaned(tmp_path):

@@ -121,7 +121,8 @@ def test_restart_on_more_ps_is_bit_equal_and_on_other_workers_close(tmp_path, ma
 
 def _live(n, argv, ck, victims, tag, rng):
     """Launch ``n`` ranks under ULFM, SIGKILL each victim (launch rank) in turn, a random moment after
-    the first checkpoint in ``ck`` and then after the job went on; ``(exit code, final summary, stderr)``."""
+    the first checkpoint in ``ck`` and then after the job went on; ``(exit code, final summary, stderr,
+    the final line in words)``."""
     proc = launch_mpi(n, argv, env={"HPCPS_STEP_DELAY": "0.05"}, tag=tag, ft=True)
     deadline = time.time() + 90
     while time.time() < deadline and not store.list_checkpoints(ck):
@@ -134,7 +135,8 @@ def _live(n, argv, ck, victims, tag, rng):
         time.sleep(1.0)                                        # the survivors shrink and go on
     code, out, err = reap(proc, timeout=120)
     finals = [json.loads(l)["final"] for l in out.splitlines() if l.startswith('{"final"')]
-    return code, finals[-1] if finals else None, err
+    done = [l for l in out.splitlines() if l.startswith("hpcps: done:")]
+    return code, finals[-1] if finals else None, err, done[-1] if done else ""
 
 
 @pytest.mark.openmpi
@@ -147,12 +149,15 @@ def test_live_failover_a_ps_then_a_worker_killed_ends_bit_equal_without_a_restar
     worker = rng.randrange(3)
     argv = ["-m", "hpcps", "train", "--config", MAIN, "--set", *MAIN_SETS, "job.standby=2",
             f"job.export={tmp_path / 'w.npz'}", f"checkpoint.dir={tmp_path / 'ck'}", "job.log_every=5"]
-    code, f, err = _live(6, argv, tmp_path / "ck", [3, worker], f"live-{os.getpid()}", rng)
+    code, f, err, done = _live(6, argv, tmp_path / "ck", [3, worker], f"live-{os.getpid()}", rng)
     assert code == 0 and f is not None, err[-3000:]
     got = [(r["lost_ranks"], r["standbys_taking_over"]) for r in f["recoveries"]]
     assert got == [([3], [4]), ([worker], [5])], f["recoveries"]
     for r in f["recoveries"]:
         assert 10 <= r["from_step"] < 60 and 0 < r["seconds_to_next_step"] < 30, r
+        # every step after the checkpoint done again, by each of the 3 workers (less a lost one's)
+        assert r["updates_lost"] == 0 and r["pushes_redone"] >= 2 * r["steps_redone"] - 2, r
+    assert done.count("went on live from step") == 2 and "0 updates lost" in done, done
     assert f["num_ps"] == 1 and f["num_workers"] == 3 and "live failover (ULFM), 0 standby" in f["layout"]["failover"]
     assert err.count("going on from the last checkpoint without a restart") == 2
     _assert_bit_equal(tmp_path / "w.npz", main_straight)
@@ -165,7 +170,7 @@ def test_live_failover_with_no_standby_goes_on_with_the_surviving_workers(tmp_pa
     worker = rng.randrange(3)
     argv = ["-m", "hpcps", "train", "--config", MAIN, "--set", *MAIN_SETS,
             f"job.export={tmp_path / 'w.npz'}", f"checkpoint.dir={tmp_path / 'ck'}", "job.log_every=5"]
-    code, f, err = _live(4, argv, tmp_path / "ck", [worker], f"live0-{os.getpid()}", rng)
+    code, f, err, _ = _live(4, argv, tmp_path / "ck", [worker], f"live0-{os.getpid()}", rng)
     assert code == 0 and f is not None, err[-3000:]
     assert [r["lost_ranks"] for r in f["recoveries"]] == [[worker]] and f["recoveries"][0]["standbys_taking_over"] == []
     assert f["num_ps"] == 1 and f["num_workers"] == 2 and "too few standbys left" in err

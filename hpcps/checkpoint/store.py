@@ -29,7 +29,7 @@ from pathlib import Path
 from . import digest
 from .lock import pinned
 
-__all__ = ["step_dir", "tmp_dir", "file_digests", "list_checkpoints", "verify", "verify_chain", "chain", "newest_verified",
+__all__ = ["trust_own_commits", "step_dir", "tmp_dir", "file_digests", "list_checkpoints", "verify", "verify_chain", "chain", "newest_verified",
            "commit", "resolve", "inside_checkpoint", "write_new", "mark_best", "read_best",
            "read_manifest", "MANIFEST", "DIR_MODE", "FILE_MODE"]
 
@@ -37,6 +37,17 @@ logger = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
 DIR_MODE, FILE_MODE = 0o700, 0o600
 _NAME = re.compile(r"^step-(\d{9,})$")
+_COMMITTED: dict = {}       # {checkpoint: {file: (its identity, digest)}} of this process's last commits
+_COMMITTED_KEPT = 8
+_TRUST_OWN = [False]
+
+
+def trust_own_commits(on: bool = True) -> None:
+    """From now on, :func:`verify` does not hash again a file this process committed that still has
+    the inode, size and modification time it had then (its digest was taken as it was written).
+    A live failover turns it on: it resumes from the checkpoint its rank 0 committed seconds
+    before. Off by default (file times are coarse: a rewrite within a few ms keeps the time). Local."""
+    _TRUST_OWN[0] = bool(on)
 
 
 def step_dir(root, step: int) -> Path:
@@ -119,10 +130,17 @@ def read_manifest(path) -> dict:
     return man
 
 
+def _identity(f: Path) -> tuple:
+    """What changes when a file is rewritten or replaced: inode, size, modification time."""
+    st = f.stat()
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
 def verify(path, only=None) -> tuple[bool, str]:
     """(True, "ok") if the manifest reads and every file has its size and checksum (SHA-256, or
-    CRC-32 on the node-local level: :mod:`hpcps.checkpoint.digest`), else (False, why).
-    ``only``: check the contents of these files alone (the manifest as a whole still). Local."""
+    CRC-32 on the node-local level: :mod:`hpcps.checkpoint.digest`), else (False, why); but see
+    :func:`trust_own_commits`. ``only``: check the contents of these files alone (the manifest as
+    a whole still). Local."""
     path = Path(path)
     try:
         man = read_manifest(path)
@@ -163,6 +181,8 @@ def _check_file(path: Path, name: str, meta) -> str:
     if size != meta["bytes"]:
         return f"{path.name}: {name} has {size} bytes, the manifest says {meta['bytes']} (truncated?)"
     algo = digest.algo_of(meta)
+    if _TRUST_OWN[0] and _COMMITTED.get(os.path.abspath(path), {}).get(name) == (_identity(f), meta[algo]):
+        return ""                                   # committed by this process, unchanged since
     if digest.of_file(f, algo) != meta[algo]:
         return f"{path.name}: {name} fails its {digest.NAMES[algo]} check (corrupted)"
     return ""
@@ -310,6 +330,10 @@ def commit(root, step: int, manifest: dict, keep: int, file_mode: int = FILE_MOD
         logger.warning("hpcps: %s existed (another run's): moved to %s", final, aside.name)
     os.rename(tmp, final)
     fsync_path(root)
+    _COMMITTED[os.path.abspath(final)] = {name: (_identity(final / name), meta[digest.algo_of(meta)])
+                                          for name, meta in manifest["files"].items()}
+    while len(_COMMITTED) > _COMMITTED_KEPT:          # the oldest commit's (dicts keep their order)
+        del _COMMITTED[next(iter(_COMMITTED))]
     write_new(Path(root) / "latest.tmp", final.name + "\n", file_mode)
     os.replace(Path(root) / "latest.tmp", Path(root) / "latest")
     fsync_path(root)

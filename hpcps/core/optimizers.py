@@ -294,12 +294,19 @@ def make_optimizer(name: str, **kw) -> SparseOptimizer:
     return opt
 
 
-def new_state(opt: SparseOptimizer, rows: int, dim: int) -> dict:
-    """Zeroed state arrays for ``rows`` rows (numpy float32; ``_seen`` flags for momentum). Local."""
-    state = {}
-    for name, shape in opt.state_shapes(rows, dim).items():
-        init = getattr(opt, "initial_accumulator_value", 0.0) if name in ("sum", "n") else 0.0
-        state[name] = np.full(shape, init, dtype=np.float32)
+def new_state(opt: SparseOptimizer, rows: int, dim: int, written: bool = True) -> dict:
+    """State arrays for ``rows`` rows (numpy float32; ``_seen`` flags for momentum), as they start
+    (:func:`reset_state`); ``written=False``: left unwritten, for a restore that writes every row
+    (or a later ``reset_state``). Local."""
+    state = {name: np.empty(shape, dtype=np.float32) for name, shape in opt.state_shapes(rows, dim).items()}
     if getattr(opt, "momentum", 0) or isinstance(opt, FTRL):
         state["_seen"] = np.zeros(rows, dtype=bool)
+    if written:
+        reset_state(opt, state)
     return state
+
+
+def reset_state(opt: SparseOptimizer, state: dict) -> None:
+    """Write every state array as it starts: the accumulators' initial value, else zeros. Local."""
+    for name, a in state.items():
+        a[...] = getattr(opt, "initial_accumulator_value", 0.0) if name in ("sum", "n") else 0

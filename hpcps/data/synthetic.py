@@ -18,7 +18,7 @@ whole global batch). With ``raw_keys`` a batch's ids are 64-bit keys salted per 
 """
 
 import math
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 import numpy as np
 
@@ -34,8 +34,10 @@ GUIDE = 1 << 16             # buckets of the CDF's guide table (SyntheticCTR._in
 PLANTED_ENTRIES = 1 << 24   # planted row weights kept in memory up to this many (tables x rows)
 
 
+@lru_cache(maxsize=64)
 def wrapped_zipf_cdf(a: float, rows: int) -> np.ndarray:
-    """CDF (float64, last entry 1) of ``(X - 1) % rows`` for ``X ~ Zipf(a)``. Local.
+    """CDF (float64, last entry 1, read-only) of ``(X - 1) % rows`` for ``X ~ Zipf(a)``, computed
+    once per process (a job rebuilt after a lost rank samples from the same). Local.
 
     P(k) is proportional to the sum over j >= 0 of ``(k + 1 + j * rows) ** -a``: the
     first J terms exactly, the rest by the integral from J - 1/2 (midpoint rule).
@@ -52,6 +54,7 @@ def wrapped_zipf_cdf(a: float, rows: int) -> np.ndarray:
     cdf = np.cumsum(pmf)
     cdf /= cdf[-1]
     cdf[-1] = 1.0
+    cdf.flags.writeable = False
     return cdf
 
 

@@ -163,6 +163,7 @@ class Checkpointable:
                 self.half.refresh(shard, local if local is not None else None)
             written += len(ids)
         self._applies = int(applies)
+        self._unfilled = False      # the caller checks that every row came (restore_tables)
         self.rows.sync()
         if self.row_versions is not None:
             self.row_versions.window.sync()

@@ -25,7 +25,7 @@ from mpi4py import MPI
 
 from ..core.ids import initial_rows
 from ..core.malloc import map_pages
-from ..core.optimizers import SparseOptimizer, new_state
+from ..core.optimizers import SparseOptimizer, new_state, reset_state
 from ..core.sharding import logical_tables, make_sharding
 from ..core.window import Window
 from ..core.errors import FreedError, RoleError
@@ -109,13 +109,16 @@ class EmbeddingTable(Checkpointable):
     would (``initial_rows(seed, name_j, i)``); ``logical`` lists ``(name_j, start_j, rows_j)``
     (the table itself when it has no segments). ``hpcps.nn.ShardedEmbeddingCollection`` maps
     each logical table's ids onto its segment.
+    fill: ``False`` leaves the PS's rows unwritten until :meth:`fill_initial` or a restore of
+    every row (a restart skips writing what it would overwrite).
     """
 
     def __init__(self, ctx, name: str, num_rows: int, dim: int,
                  optimizer: SparseOptimizer | None = None, seed: int = 0,
                  init_scale: float | None = None, transport: str | None = None, track_dirty: bool = False,
                  track_versions: bool = False, pull_dtype: str = "float32", push_dtype: str = "float32",
-                 segments=None, sharding=None, rma_read: str | None = None, init: str = "uniform"):
+                 segments=None, sharding=None, rma_read: str | None = None, init: str = "uniform",
+                 fill: bool = True):
         optimizer, transport, rma_read = check_args(ctx, name, num_rows, dim, optimizer, transport, pull_dtype,
                                                      push_dtype, rma_read)
         segments = check_segments(name, segments, int(num_rows))
@@ -140,7 +143,10 @@ class EmbeddingTable(Checkpointable):
         # deterministic sync mode: the PS applies every update, summing workers' pushes in worker order
         self.stateful = (optimizer.stateful or pull_dtype != "float32" or push_dtype != "float32"
                          or ctx.deterministic)
-        self._allocate()
+        self._unfilled = ctx.is_ps                  # PS: rows not yet written (fill_initial or a restore)
+        self._allocate(fill)
+        if fill:
+            self.fill_initial()
         # its number in message pulls (rma_read = "messages": hpcps.sparse.pull_server)
         self.pull_number = ctx.pull_server.register(self) if ctx.pull_server is not None else -1
         if ctx.is_worker or self.stateful:      # torch does the adds: import it now, not mid-training
@@ -151,8 +157,9 @@ class EmbeddingTable(Checkpointable):
         ctx.register(self)
 
     # ------------------------------------------------------------ set-up
-    def _allocate(self) -> None:
-        """Allocate the windows of the rows and of each part (collective), and fill the PS's rows."""
+    def _allocate(self, fill: bool) -> None:
+        """Allocate the windows of the rows and of each part, and the PS's optimizer state (written
+        now if ``fill``, else by ``fill_initial`` or a restore). Collective."""
         ctx, what = self.ctx, f"table {self.name!r}"
         local_rows = self.sharding.shard_rows(ctx.ps_rank) if ctx.is_ps else 0
         self.rows = Window(ctx.world, local_rows * self.dim * 4, what=what)
@@ -173,15 +180,23 @@ class EmbeddingTable(Checkpointable):
         self._snap = None                       # PS: a chunked snapshot in progress (begin_snapshot)
         self._spare = None                      # PS: the last one's arrays, once written (recycle_snapshot)
         if ctx.is_ps:
-            self._fill_initial(local_rows)
-            if self.half is not None:
-                self.half.refresh(self.shard())
             if self.stateful:
-                self._state = new_state(self.optimizer, local_rows, self.dim)
+                self._state = new_state(self.optimizer, local_rows, self.dim, written=fill)
 
-    def _fill_initial(self, local_rows: int) -> None:
+    def fill_initial(self) -> None:
+        """PS ranks: write every row of this rank's shard as it starts (:func:`hpcps.initial_rows`),
+        and its optimizer state, once. The constructor does it unless given ``fill=False``: a
+        restart that then restores every row (``hpcps.checkpoint.restore_tables``) skips writing
+        what it would overwrite, and calls this only where no checkpoint was loaded. A no-op on
+        workers and once filled or restored. Local; before any worker pulls (the driver's
+        ``ctx.control.set_start`` publishes the rows)."""
+        if not self._unfilled:
+            return
+        self._unfilled = False
+        if self._state:
+            reset_state(self.optimizer, self._state)
         shard = self.shard()
-        p = self.ctx.ps_rank
+        p, local_rows = self.ctx.ps_rank, shard.shape[0]
         for start in range(0, local_rows, _INIT_CHUNK_ROWS):
             stop = min(local_rows, start + _INIT_CHUNK_ROWS)
             gids = self.sharding.global_ids(p, start, stop)
@@ -191,6 +206,8 @@ class EmbeddingTable(Checkpointable):
                 if cut[j] < cut[j + 1]:
                     initial_rows(self.seed, seg, gids[cut[j]:cut[j + 1]] - self._starts[j], self.dim,
                                  self.init_scales[j], out=shard[start + cut[j]:start + cut[j + 1]], kind=self.init)
+        if self.half is not None:
+            self.half.refresh(shard)
         self.rows.sync()
 
     def _map_node_shards(self) -> None:

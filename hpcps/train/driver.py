@@ -80,7 +80,8 @@ def _train(cfg: Config, world: MPI.Comm) -> dict | None:
         steps = total_steps(cfg, data)
         cfg = resolve_local_full_every(resolve_auto_epochs(cfg, data.task), data, steps, ctx.num_ps)
         pipe = pipeline_switches(cfg, ctx)
-        tables = make_tables(cfg, ctx, data, steps, pipe)
+        restorable = bool(cfg.checkpoint.dir) and cfg.checkpoint.resume != "none"
+        tables = make_tables(cfg, ctx, data, steps, pipe, fill=not restorable)   # a restore writes every row
         layout = gather_layout(ctx, tables)            # on the first worker
         monitor = None
         if cfg.metrics.every > 0:                      # collective: the board's window
@@ -92,6 +93,8 @@ def _train(cfg: Config, world: MPI.Comm) -> dict | None:
         record_start(cfg, world)
         t_restore = time.perf_counter()
         resume_from, level, start = load_level(cfg, ctx, tables)
+        for t in tables:                               # PS: rows no checkpoint wrote (a fresh start)
+            getattr(t, "fill_initial", lambda: None)()
         if resume_from is not None:
             if ckpt is not None:
                 ckpt.resumed_step = start

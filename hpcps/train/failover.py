@@ -17,7 +17,10 @@ with ``job.standby`` ranks, ``hpcps train`` runs the job through :func:`run`:
    rank resumes from the job's last checkpoint at any level, as a restart would
    (``checkpoint.resume = auto``): no new process, no requeue, torch already imported. Steps after
    that checkpoint are done again; in deterministic sync mode with a standby the run ends bit-equal
-   to an uninterrupted one, as a restart onto the same PS and worker counts does.
+   to an uninterrupted one, as a restart onto the same PS and worker counts does. What a restore
+   overwrites is not written first (the PS's initial rows and optimizer state: ``EmbeddingTable``'s
+   ``fill``), and rank 0 does not hash again the checkpoint it committed itself
+   (``hpcps.checkpoint.store.trust_own_commits``).
 
 5. Rebalance (any MPI, any hosts): a stop whose checkpoint a PS overloaded alert asked for
    (``monitor.on_alert = rebalance``) or a ``REBALANCE`` file beside ``STOP`` (one PS more) ends
@@ -41,6 +44,7 @@ from pathlib import Path
 
 from mpi4py import MPI
 
+from ..checkpoint import store
 from ..checkpoint.lock import set_job_token
 from ..core import faults
 from ..core.faults import ulfm_note
@@ -94,6 +98,10 @@ def note_start(step: int) -> None:
         _pending["from_step"] = int(step)
         _pending["ready_s"] = round(time.monotonic() - _t_detect, 3)     # rebuilt and restored
         _pending["steps_redone"] = max(0, _pending.pop("last_step_done", step) - int(step))
+        if "lost_ranks" in _pending:            # every step after the checkpoint is done again
+            done = _pending.pop("steps_done", [])
+            _pending["pushes_redone"] = sum(max(0, d - int(step)) for d in done)    # the survivors'
+            _pending["updates_lost"] = 0
 
 
 def note_step(step: int) -> None:
@@ -153,6 +161,7 @@ def run(cfg, train_fn):
                 _end_launch(launch)
             world, record = _recover(world, job, watch, every, ids, [ids[r] for r in standby])
             nodes, ids = _placed(world, launch)
+            store.trust_own_commits()               # rank 0's last commit is not hashed again
             recoveries.append(record)
             attempt = _resumed(attempt)
             continue
@@ -240,8 +249,8 @@ def _recover(world: MPI.Comm, job: MPI.Comm, watch, every, ids: list, standby_id
     lost = sorted(set(ids) - alive)
     lost_job = [r for r in lost if r not in standby_ids]        # a lost standby leaves the job as it was
     took_over = sorted(r for r in standby_ids if r in alive)[:len(lost_job)]
-    last = survivors.allreduce(_last_step, op=MPI.MAX)          # a standby has done none
-    record = {"lost_ranks": lost, "standbys_taking_over": took_over, "last_step_done": last,
+    done = survivors.allgather(_last_step)                      # a standby or PS: -1
+    record = {"lost_ranks": lost, "standbys_taking_over": took_over, "last_step_done": max(done), "steps_done": done,
               "shrink_s": round(time.monotonic() - t_detect, 3)}
     _pending, _t_detect = record, t_detect
     if survivors.Get_rank() == 0:

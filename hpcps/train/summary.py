@@ -13,6 +13,19 @@ def _metric(final: dict) -> str:
     return "no evaluation (nothing held out)"
 
 
+def _recoveries(records: list) -> list:
+    """What live failover and rebalancing did (``hpcps.train.failover``'s records), in words."""
+    said = []
+    for r in records:
+        if "lost_ranks" in r:
+            said.append(f"lost launch rank{'s' * (len(r['lost_ranks']) > 1)} {', '.join(map(str, r['lost_ranks']))} "
+                        f"and went on live from step {r.get('from_step', '?')} ({r.get('steps_redone', 0)} steps, "
+                        f"{r.get('pushes_redone', 0)} pushes done again, {r.get('updates_lost', 0)} updates lost)")
+        elif "rebalanced_to_num_ps" in r:
+            said.append(f"rebalanced to {r['rebalanced_to_num_ps']} PS at step {r.get('from_step', '?')}")
+    return said
+
+
 def human_summary(final: dict, cfg) -> str:
     """``final`` (the final line's fields) and the job's config as one line. Local."""
     steps, start = final.get("steps", 0), final.get("start_step", 0)
@@ -29,6 +42,7 @@ def human_summary(final: dict, cfg) -> str:
         said.append(f"best evaluation at step {best['step']}")
     if final.get("early_stopped"):
         said.append("stopped early")
+    said += _recoveries(final.get("recoveries") or [])
     if final.get("stopped"):
         said.append("stopped on request" + (", checkpointed" if final.get("saved") else ", not saved"))
     exported = final.get("exported") or {}

@@ -210,12 +210,13 @@ def check_table_memory(cfg: Config, ctx, data, steps: int) -> None:
                          f"(data.hash_rows)")
 
 
-def make_tables(cfg: Config, ctx, data, steps: int, pipe: dict) -> list:
+def make_tables(cfg: Config, ctx, data, steps: int, pipe: dict, fill: bool = True) -> list:
     """The job's embedding tables: one table-batched table (a segment per feature table: a step's
     pulls, pushes and optimizer apply take one pass instead of one per table; each row starts as
     before) where :func:`fused_tables` says so, else one per feature table; with
     ``model.dynamic_tables`` one :class:`DynamicEmbeddingTable` for every feature column (the
-    data's keys are salted per column). Collective over the world."""
+    data's keys are salted per column). ``fill=False``: the fixed tables' rows are written by a
+    restore or ``fill_initial`` (``EmbeddingTable``'s ``fill``). Collective over the world."""
     check_table_memory(cfg, ctx, data, steps)
     if cfg.model.dynamic_tables:
         m = cfg.model
@@ -231,7 +232,7 @@ def make_tables(cfg: Config, ctx, data, steps: int, pipe: dict) -> list:
     options = dict(seed=cfg.job.seed, transport=cfg.job.transport,
                    track_dirty=bool(c.dir) and (c.full_every > 1 or bool(c.local_every) and c.local_full_every > 1),
                    track_versions=pipe["prefetch"] and kind != "async", pull_dtype=cfg.pipeline.pull_dtype,
-                   push_dtype=cfg.pipeline.push_dtype, sharding=cfg.model.sharding)
+                   push_dtype=cfg.pipeline.push_dtype, sharding=cfg.model.sharding, fill=fill)
     tables = []
     for part, specs in table_parts(cfg, data):
         opt = part_optimizer(cfg, part, steps)
