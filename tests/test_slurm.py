@@ -146,6 +146,29 @@ def test_a_rank_killed_mid_run_is_relaunched_in_the_allocation_from_the_local_le
     assert final["restored_from"] == "local" and final["start_step"] >= 2 and final["steps"] == 20
 
 
+@pytest.mark.openmpi
+@pytest.mark.ulfm
+def test_with_a_standby_a_killed_rank_is_replaced_live_with_no_relaunch_and_no_requeue(slurm, tmp_path):
+    """HPCPS_STANDBY=1 under Open MPI: the script launches mpiexec --with-ft ulfm inside the
+    allocation (sbatch --no-kill); a worker killed -9 is replaced by the standby in the same step."""
+    ck, log, metrics = tmp_path / "ck", tmp_path / "job.log", tmp_path / "m.jsonl"
+    env = slurm.job_env(ck, HPCPS_STEP_DELAY=0.2, HPCPS_MAX_RESTARTS=0, HPCPS_STANDBY=1, HPCPS_MPI="openmpi")
+    job = slurm.sbatch(env, log, ["--time=10", "--no-kill"],
+                       ["job.steps=30", "checkpoint.every_steps=5", f"metrics.path={metrics}", "job.log_every=1"])
+    slurm.wait(job, 180, until=lambda info: store.list_checkpoints(ck) and steps_done(metrics) >= 7)
+    ranks = {int(dict(kv.split("=", 1) for kv in Path(f"/proc/{p}/environ").read_text().split("\0")
+                      if "=" in kv).get("OMPI_COMM_WORLD_RANK", -1)): p for p in _ranks_of(ck)}
+    assert sorted(ranks) == [0, 1, 2, 3], ranks
+    os.kill(ranks[1], 9)                        # launch rank 1: a worker (the standby is launch rank 3)
+    info = slurm.wait(job, 240)
+    text = log.read_text()
+    assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) == 0, slurm.diagnose(info, text)
+    assert "launched mpiexec --with-ft ulfm" in text and "relaunching" not in text
+    assert "standby rank 3 takes over" in text and "training finished" in text
+    final = [json.loads(l)["final"] for l in text.splitlines() if l.startswith('{"final"')][-1]
+    assert [r["lost_ranks"] for r in final["recoveries"]] == [[1]] and final["steps"] == 30, final
+
+
 def test_tune_as_a_job_array_searches_one_study_from_every_task(slurm, tmp_path):
     import optuna
     study = tmp_path / "study"
