@@ -195,21 +195,26 @@ def populated(shape, dtype) -> np.ndarray:
 
 
 _MADV_POPULATE_READ = 22    # Linux 5.14 and newer (asm-generic/mman-common.h)
+_MADV_POPULATE_WRITE = 23
 
 
-def map_pages(a: np.ndarray) -> bool:
+def map_pages(a: np.ndarray, write: bool = False) -> bool:
     """Map the pages of ``a`` (a view of memory that exists already, such as another rank's shared
     window) into this process's page table now, with ``madvise(MADV_POPULATE_READ)``, so that its
     first reads do not fault page by page. A worker's first random pulls from a PS's 256 MB shard
     on its node faulted ~4400 times (the kernel maps 16 pages a fault): 83 ms for the first 40
     batches of 4096 rows, 28 ms once mapped; mapping it first took ~80 ms. Nothing is read or
-    copied. Local; False where the kernel or libc cannot (the pages are then mapped as read)."""
+    copied. ``write``: make the pages writable and present (``MADV_POPULATE_WRITE``): memory of this
+    process's own about to be written whole, such as a PS's new shard before a restore (its pages
+    then come in one go, not a fault at a time). Local; False where the kernel or libc cannot (the
+    pages are then mapped as touched)."""
     libc = _libc_any()
     if libc is None or a.nbytes == 0:
         return False
     page = mmap.PAGESIZE
     start = a.ctypes.data // page * page
-    return libc.madvise(ctypes.c_void_p(start), a.ctypes.data + a.nbytes - start, _MADV_POPULATE_READ) == 0
+    advice = _MADV_POPULATE_WRITE if write else _MADV_POPULATE_READ
+    return libc.madvise(ctypes.c_void_p(start), a.ctypes.data + a.nbytes - start, advice) == 0
 
 
 _any_libc = None

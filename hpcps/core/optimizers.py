@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .malloc import populated
 from .settings import F32_MAX as _F32_MAX
 
 __all__ = ["LRSchedule", "SparseOptimizer", "SGD", "Adagrad", "Adam", "FTRL", "make_optimizer"]
@@ -298,7 +299,8 @@ def new_state(opt: SparseOptimizer, rows: int, dim: int, written: bool = True) -
     """State arrays for ``rows`` rows (numpy float32; ``_seen`` flags for momentum), as they start
     (:func:`reset_state`); ``written=False``: left unwritten, for a restore that writes every row
     (or a later ``reset_state``). Local."""
-    state = {name: np.empty(shape, dtype=np.float32) for name, shape in opt.state_shapes(rows, dim).items()}
+    make = np.empty if written else populated         # a restore writes it whole: its pages now
+    state = {name: make(shape, np.float32) for name, shape in opt.state_shapes(rows, dim).items()}
     if getattr(opt, "momentum", 0) or isinstance(opt, FTRL):
         state["_seen"] = np.zeros(rows, dtype=bool)
     if written:

@@ -182,6 +182,8 @@ class EmbeddingTable(Checkpointable):
         if ctx.is_ps:
             if self.stateful:
                 self._state = new_state(self.optimizer, local_rows, self.dim, written=fill)
+            if not fill:                        # a restore writes the rows whole: their pages now
+                map_pages(self.shard(), write=True)
 
     def fill_initial(self) -> None:
         """PS ranks: write every row of this rank's shard as it starts (:func:`hpcps.initial_rows`),
