@@ -29,8 +29,8 @@ from pathlib import Path
 from . import digest
 from .lock import pinned
 
-__all__ = ["trust_own_commits", "step_dir", "tmp_dir", "file_digests", "list_checkpoints", "verify", "verify_chain", "chain", "newest_verified",
-           "commit", "resolve", "inside_checkpoint", "write_new", "mark_best", "read_best",
+__all__ = ["step_dir", "tmp_dir", "file_digests", "list_checkpoints", "verify", "verify_chain", "chain", "newest_verified",
+           "trust_own_commits", "commit", "resolve", "inside_checkpoint", "write_new", "mark_best", "read_best",
            "read_manifest", "MANIFEST", "DIR_MODE", "FILE_MODE"]
 
 logger = logging.getLogger(__name__)
