@@ -159,8 +159,7 @@ def run(cfg, train_fn):
                 raise                                            # an error alike on every rank, say
             if not live_ok:
                 _end_launch(launch)
-            world, record = _recover(world, job, watch, every, ids, [ids[r] for r in standby])
-            nodes, ids = _placed(world, launch)
+            world, record, nodes, ids = _recover(world, job, watch, every, ids, [ids[r] for r in standby])
             store.trust_own_commits()               # rank 0's last commit is not hashed again
             recoveries.append(record)
             attempt = _resumed(attempt)
@@ -236,22 +235,22 @@ def _wait_end(world: MPI.Comm, watch, summary, root: int):
 
 
 def _recover(world: MPI.Comm, job: MPI.Comm, watch, every, ids: list, standby_ids: list):
-    """After a loss: revoke, give up the job, shrink. ``(survivors' communicator, the record)``.
-    Collective over the survivors of ``world``."""
+    """After a loss: revoke, give up the job, shrink. ``(survivors' communicator, the record, each
+    survivor's node key, its launch rank)``. Collective over the survivors of ``world``."""
     global _pending, _t_detect
     t_detect = watch.seen_at or time.monotonic()
     faults.revoke_all(world, job, watch.comm, every.comm)
     abandon_open()
     survivors = world.Shrink()
     survivors.Set_errhandler(MPI.ERRORS_RETURN)
-    now = MPI.COMM_WORLD.Get_rank()
-    alive = set(survivors.allgather(now))
+    nodes, now = _placed(survivors, MPI.COMM_WORLD)
+    alive = set(now)
     lost = sorted(set(ids) - alive)
     lost_job = [r for r in lost if r not in standby_ids]        # a lost standby leaves the job as it was
     took_over = sorted(r for r in standby_ids if r in alive)[:len(lost_job)]
     done = survivors.allgather(_last_step)                      # a standby or PS: -1
-    record = {"lost_ranks": lost, "standbys_taking_over": took_over, "last_step_done": max(done), "steps_done": done,
-              "shrink_s": round(time.monotonic() - t_detect, 3)}
+    record = {"lost_ranks": lost, "standbys_taking_over": took_over, "last_step_done": max(done),
+              "steps_done": done, "shrink_s": round(time.monotonic() - t_detect, 3)}
     _pending, _t_detect = record, t_detect
     if survivors.Get_rank() == 0:
         if not lost_job:
@@ -263,7 +262,7 @@ def _recover(world: MPI.Comm, job: MPI.Comm, watch, every, ids: list, standby_id
             what = "too few standbys left: the survivors go on with fewer ranks"
         logger.warning("hpcps: lost launch rank%s %s, %s; going on from the last checkpoint without a restart",
                        "s" * (len(lost) > 1), ", ".join(map(str, lost)), what)
-    return survivors, record
+    return survivors, record, nodes, now
 
 
 def _resumed(cfg):
